@@ -1,0 +1,130 @@
+"""Declared observation specs, so a bad request fails at the edge with an error naming the key.
+
+A policy declares ``InputSpec({"observation/image": ArraySpec((224, 224, 3), "uint8"), "prompt":
+TextSpec()})``; the server checks every request against it before batching and answers a mismatch
+with e.g. ``observation/image: expected shape (224, 224, 3), got (224, 224)``. The spec is also
+announced to clients in the server metadata (``to_dict``), so they know what to send.
+
+Dtypes are either an exact numpy name (``"uint8"``, ``"float32"``) or a family: ``"floating"``,
+``"integer"``, ``"number"`` (LIBERO clients send float64 state where a model computes in float32).
+Shapes use ``None`` for a free dimension.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+
+__all__ = ["ArraySpec", "InputSpec", "ObservationError", "TextSpec"]
+
+_FAMILIES: dict[str, Any] = {
+    "floating": np.floating,
+    "integer": np.integer,
+    "number": np.number,
+    "bool": np.bool_,
+}
+
+
+class ObservationError(ValueError):
+    """An observation that does not match the policy's input spec; ``key`` names the field."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(f"{key}: {message}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """An array field: shape with ``None`` wildcards and a dtype name or family."""
+
+    shape: tuple[int | None, ...]
+    dtype: str = "number"
+    optional: bool = False
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _FAMILIES:
+            try:
+                np.dtype(self.dtype)
+            except TypeError as exc:
+                raise ValueError(f"ArraySpec.dtype: unknown dtype {self.dtype!r}") from exc
+
+    def dtype_ok(self, dtype: np.dtype) -> bool:
+        family = _FAMILIES.get(self.dtype)
+        if family is not None:
+            return bool(np.issubdtype(dtype, family))
+        return bool(dtype == np.dtype(self.dtype))
+
+    def check(self, key: str, value: Any) -> None:
+        if isinstance(value, np.generic):
+            value = np.asarray(value)
+        if not isinstance(value, np.ndarray):
+            raise ObservationError(
+                key, f"expected an array of shape {_fmt_shape(self.shape)} {self.dtype}, got {type(value).__name__}"
+            )
+        if len(value.shape) != len(self.shape) or any(
+            want is not None and want != got for want, got in zip(self.shape, value.shape)
+        ):
+            raise ObservationError(key, f"expected shape {_fmt_shape(self.shape)}, got {_fmt_shape(value.shape)}")
+        if not self.dtype_ok(value.dtype):
+            raise ObservationError(key, f"expected dtype {self.dtype}, got {value.dtype}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "array", "shape": list(self.shape), "dtype": self.dtype, "optional": self.optional}
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """A string field such as ``prompt``."""
+
+    optional: bool = False
+    description: str = ""
+
+    def check(self, key: str, value: Any) -> None:
+        if not isinstance(value, str):
+            raise ObservationError(key, f"expected a string, got {type(value).__name__}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "text", "optional": self.optional}
+
+
+FieldSpec = Union[ArraySpec, TextSpec]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """The full observation contract of a policy."""
+
+    fields: Mapping[str, FieldSpec]
+    allow_extra: bool = False
+    ignored_keys: frozenset[str] = field(default_factory=frozenset)
+
+    def validate(self, obs: Any) -> None:
+        """Raise ``ObservationError`` naming the first offending key; return silently when valid."""
+        if not isinstance(obs, Mapping):
+            raise ObservationError("<observation>", f"expected a map of named fields, got {type(obs).__name__}")
+        for key, spec in self.fields.items():
+            if key not in obs:
+                if spec.optional:
+                    continue
+                raise ObservationError(key, f"missing required key (expected keys: {sorted(self.fields)})")
+            spec.check(key, obs[key])
+        if not self.allow_extra:
+            for key in obs:
+                if key in self.fields or key in self.ignored_keys:
+                    continue
+                hint = difflib.get_close_matches(str(key), list(self.fields), n=1)
+                extra = f"; did you mean {hint[0]!r}?" if hint else f" (expected keys: {sorted(self.fields)})"
+                raise ObservationError(str(key), f"unknown key{extra}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {key: spec.to_dict() for key, spec in self.fields.items()}
+
+
+def _fmt_shape(shape: tuple[int | None, ...]) -> str:
+    inner = ", ".join("*" if d is None else str(d) for d in shape)
+    return f"({inner},)" if len(shape) == 1 else f"({inner})"

@@ -1,0 +1,224 @@
+"""Cross-connection dynamic batching: many clients' requests become one policy call.
+
+Why: a GPU policy costs nearly the same for 1 or 16 observations, and evaluation / RL drive many
+environments at once. openpi's server calls the model once per request inside its event loop, so
+16 clients wait in line (openpi #399).
+
+How: requests land in one queue. A single consumer takes the first request and waits for more
+until the batch is full, ``max_wait_ms`` has passed, or every recently active client is already in
+the batch (so a lone client never waits: its p50 stays at the single-request cost). The batch is
+split into groups of identical structure (keys, shapes, dtypes) so a policy can stack them, and
+each group runs in ONE worker thread: the event loop stays free to answer pings and other
+connections, and the model is never entered from two threads at once.
+
+A batch-capable policy (``infer_batch``) gets the whole group; any other policy is called per
+request. If a batched call raises, the group is retried one by one so only the offending request
+fails and the others are still answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from cosmos_robot_client.base_policy import BasePolicy, supports_batch
+
+from cosmos_robot_server.metrics import Metrics
+
+__all__ = ["DynamicBatcher", "PolicyError", "Timing"]
+
+_ACTIVE_WINDOW_S = 1.0
+
+
+class PolicyError(RuntimeError):
+    """The policy itself raised; the message carries the policy's traceback summary."""
+
+
+@dataclass
+class Timing:
+    queue_ms: float = 0.0
+    infer_ms: float = 0.0
+    batch_size: int = 1
+
+
+@dataclass
+class _Item:
+    obs: dict[str, Any]
+    client_id: str
+    future: asyncio.Future[tuple[dict[str, Any], Timing]]
+    t_enqueue: float = field(default_factory=time.perf_counter)
+
+
+def structure_signature(value: Any, depth: int = 0) -> Any:
+    """A hashable description of keys, shapes and dtypes; equal signatures can be stacked."""
+    if depth > 8:
+        return "..."
+    if isinstance(value, np.ndarray):
+        return ("nd", value.shape, value.dtype.str)
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), structure_signature(v, depth + 1)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return ("seq", len(value), tuple(structure_signature(v, depth + 1) for v in value[:16]))
+    return type(value).__name__
+
+
+class DynamicBatcher:
+    """Groups concurrent requests into batched policy calls on one worker thread."""
+
+    def __init__(
+        self,
+        policy: BasePolicy,
+        *,
+        max_batch_size: int = 16,
+        max_wait_ms: float = 3.0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.policy = policy
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.metrics = metrics or Metrics()
+        self.batched = supports_batch(policy)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
+        self._queue: asyncio.Queue[_Item] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_seen: dict[str, float] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- requests --------------------------------------------------------------------------
+    async def submit(self, obs: dict[str, Any], client_id: str) -> tuple[dict[str, Any], Timing]:
+        """Queue one validated observation; resolves to (result dict, timing)."""
+        if self._queue is None:
+            raise RuntimeError("DynamicBatcher.start() was not called")
+        fut: asyncio.Future[tuple[dict[str, Any], Timing]] = asyncio.get_running_loop().create_future()
+        self._last_seen[client_id] = time.perf_counter()
+        await self._queue.put(_Item(obs, client_id, fut))
+        return await fut
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the policy thread, serialised with inference (used for ``reset``)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def forget(self, client_id: str) -> None:
+        """A connection closed: stop counting it as an expected batch member."""
+        self._last_seen.pop(client_id, None)
+
+    # -- consumer --------------------------------------------------------------------------
+    def _expected_batch(self, now: float) -> int:
+        stale = [cid for cid, t in self._last_seen.items() if now - t > _ACTIVE_WINDOW_S]
+        for cid in stale:
+            del self._last_seen[cid]
+        return max(1, min(self.max_batch_size, len(self._last_seen)))
+
+    async def _collect(self) -> list[_Item]:
+        assert self._queue is not None
+        first = await self._queue.get()
+        batch = [first]
+        deadline = first.t_enqueue + self.max_wait_s
+        while len(batch) < self.max_batch_size:
+            try:
+                batch.append(self._queue.get_nowait())
+                continue
+            except asyncio.QueueEmpty:
+                pass
+            now = time.perf_counter()
+            if len(batch) >= self._expected_batch(now) or now >= deadline:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), deadline - now))
+            except asyncio.TimeoutError:
+                break
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            groups: dict[Any, list[_Item]] = {}
+            for item in batch:
+                groups.setdefault(structure_signature(item.obs), []).append(item)
+            for group in groups.values():
+                live = [it for it in group if not it.future.done()]  # skip requests whose client left
+                if live:
+                    await loop.run_in_executor(self._executor, self._execute, loop, live)
+
+    # -- worker thread ---------------------------------------------------------------------
+    def _execute(self, loop: asyncio.AbstractEventLoop, group: list[_Item]) -> None:
+        t0 = time.perf_counter()
+        if self.batched and len(group) > 1:
+            try:
+                results = self.policy.infer_batch([it.obs for it in group])  # type: ignore[attr-defined]
+                if not isinstance(results, (list, tuple)) or len(results) != len(group):
+                    raise PolicyError(
+                        f"infer_batch returned {type(results).__name__} of length "
+                        f"{len(results) if hasattr(results, '__len__') else '?'} for {len(group)} observations"
+                    )
+                infer_ms = (time.perf_counter() - t0) * 1000
+                self._record_call(len(group), infer_ms)
+                for it, res in zip(group, results):
+                    self._resolve(loop, it, res, None, t0, infer_ms, len(group))
+                return
+            except Exception:  # noqa: BLE001 - isolate the offending request below
+                pass
+        for it in group:
+            t1 = time.perf_counter()
+            try:
+                if self.batched:
+                    res = self.policy.infer_batch([it.obs])[0]  # type: ignore[attr-defined]
+                else:
+                    res = self.policy.infer(it.obs)
+                err = None
+            except Exception as exc:  # noqa: BLE001 - reported to that client only
+                res, err = None, exc
+            infer_ms = (time.perf_counter() - t1) * 1000
+            self._record_call(1, infer_ms)
+            self._resolve(loop, it, res, err, t1, infer_ms, 1)
+
+    def _record_call(self, size: int, infer_ms: float) -> None:
+        self.metrics.observe("cosmos_robot_batch_size", size)
+        self.metrics.observe("cosmos_robot_policy_latency_seconds", infer_ms / 1000)
+
+    def _resolve(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        item: _Item,
+        result: Any,
+        error: BaseException | None,
+        t_start: float,
+        infer_ms: float,
+        batch_size: int,
+    ) -> None:
+        if error is None and not isinstance(result, dict):
+            error = PolicyError(f"policy returned {type(result).__name__}, expected a dict like {{'actions': ...}}")
+        if error is not None and not isinstance(error, PolicyError):
+            tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+            error = PolicyError(f"policy raised {type(error).__name__}: {error}\n{tb}")
+        timing = Timing(queue_ms=(t_start - item.t_enqueue) * 1000, infer_ms=infer_ms, batch_size=batch_size)
+
+        def settle() -> None:
+            if item.future.done():
+                return
+            if error is not None:
+                item.future.set_exception(error)
+            else:
+                item.future.set_result((result, timing))
+
+        loop.call_soon_threadsafe(settle)
