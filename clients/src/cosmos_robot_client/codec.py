@@ -187,6 +187,8 @@ def _decode_npy(obj: Mapping[Any, Any]) -> np.ndarray:
     blob = _get(obj, "as_npy")
     if not isinstance(blob, (bytes, bytearray)):
         raise CodecError("GR00T array field 'as_npy' must hold .npy bytes")
+    if bytes(blob[:6]) != b"\x93NUMPY":  # np.load would otherwise try pickle / return an .npz archive
+        raise CodecError("GR00T array field 'as_npy' is not a valid .npy file (missing the \\x93NUMPY magic)")
     try:
         arr = np.load(io.BytesIO(blob), allow_pickle=False)
     except ValueError as exc:  # raised for object arrays, which would need pickle

@@ -124,6 +124,32 @@ class InputSpec:
     def to_dict(self) -> dict[str, Any]:
         return {key: spec.to_dict() for key, spec in self.fields.items()}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, allow_extra: bool = False) -> InputSpec:
+        """Rebuild a spec announced in server metadata (the inverse of ``to_dict``)."""
+        fields: dict[str, FieldSpec] = {}
+        for key, item in data.items():
+            if not isinstance(item, Mapping) or item.get("kind") not in ("array", "text"):
+                raise ValueError(f"input_spec[{key!r}]: expected a map with kind 'array' or 'text', got {item!r}")
+            if item["kind"] == "text":
+                fields[key] = TextSpec(optional=bool(item.get("optional", False)))
+            else:
+                shape = tuple(None if d is None else int(d) for d in item.get("shape", ()))
+                fields[key] = ArraySpec(shape, str(item.get("dtype", "number")), bool(item.get("optional", False)))
+        return cls(fields, allow_extra=allow_extra)
+
+    def example(self, *, free_dim: int = 1, prompt: str = "do something") -> dict[str, Any]:
+        """A zero-filled observation that satisfies the spec (client bring-up, warm-up, probes)."""
+        obs: dict[str, Any] = {}
+        for key, spec in self.fields.items():
+            if isinstance(spec, TextSpec):
+                obs[key] = prompt
+                continue
+            family = {"floating": "float32", "integer": "int64", "number": "float32", "bool": "bool"}
+            dtype = np.dtype(family.get(spec.dtype, spec.dtype))
+            obs[key] = np.zeros(tuple(free_dim if d is None else d for d in spec.shape), dtype=dtype)
+        return obs
+
 
 def _fmt_shape(shape: tuple[int | None, ...]) -> str:
     inner = ", ".join("*" if d is None else str(d) for d in shape)

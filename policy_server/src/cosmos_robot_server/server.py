@@ -114,8 +114,8 @@ class PolicyServer:
         finally:
             await self._close()
 
-    def serve_forever(self) -> None:
-        """Foreground mode: Ctrl-C or SIGTERM stops cleanly."""
+    def serve_forever(self, on_ready: Any = None) -> None:
+        """Foreground mode: Ctrl-C or SIGTERM stops cleanly; ``on_ready()`` runs once all ports listen."""
 
         async def main() -> None:
             loop = asyncio.get_running_loop()
@@ -124,7 +124,7 @@ class PolicyServer:
                     loop.add_signal_handler(sig, self.stop)
                 except (NotImplementedError, RuntimeError):  # not the main thread / platform
                     pass
-            await self.serve()
+            await self.serve(on_ready=on_ready)
 
         asyncio.run(main())
 

@@ -1,0 +1,86 @@
+# cosmos-robot: `make demo` and `make test` bootstrap everything from a fresh clone.
+#   make test   - lint + type check + the whole test suite (Python 3.12 stack, plus the torch-free
+#                 packages again on Python 3.10)
+#   make demo   - the main job on the embedded default (see README)
+#   make bench  - side-by-side benchmarks (results in docs/benchmarks.md)
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PY312 = $(shell scripts/find_python.sh 3.12 || echo MISSING)
+PY310 = $(shell scripts/find_python.sh 3.10 || echo MISSING)
+VENV := .venv
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export MUJOCO_GL ?= egl
+export PYOPENGL_PLATFORM ?= egl
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+export COSMOS_ROBOT_REQUIRE_OPENPI := 1
+PIP_QUIET := -q
+PROJECT_FILES := pyproject.toml clients/pyproject.toml policy_server/pyproject.toml
+
+.PHONY: help setup test test-fast test-py310 lint format typecheck demo bench clean system-deps
+
+help:
+	@echo "make demo    serve the bundled policy and exercise it end to end"
+	@echo "make test    set everything up, lint, type-check and run all tests"
+	@echo "make bench   run the benchmarks (writes docs/benchmarks.md)"
+
+system-deps:
+	@scripts/apt_deps.sh
+
+$(VENV)/.installed: $(PROJECT_FILES)
+	@if [ "$(PY312)" = MISSING ]; then scripts/find_python.sh 3.12; exit 1; fi
+	@echo "setup: $(VENV) with $(PY312)"
+	@test -x $(PY) || $(PY312) -m venv $(VENV)
+	@$(PY) -m pip install $(PIP_QUIET) --upgrade pip
+	@$(PY) -m pip install $(PIP_QUIET) -e clients -e policy_server -e ".[dev]"
+	@touch $@
+
+# The real openpi-client / openpi-server from PyPI pin numpy<2, so they get a venv of their own.
+.venv-openpi/.installed:
+	@if [ "$(PY312)" = MISSING ]; then scripts/find_python.sh 3.12; exit 1; fi
+	@echo "setup: .venv-openpi (openpi-client 0.1.2, openpi-server 0.1.0 from PyPI)"
+	@test -x .venv-openpi/bin/python || $(PY312) -m venv .venv-openpi
+	@.venv-openpi/bin/python -m pip install $(PIP_QUIET) "openpi-client==0.1.2" "openpi-server==0.1.0" "numpy<2"
+	@touch $@
+
+# The torch-free packages promise Python 3.10+: their tests run again there.
+.venv-py310/.installed: clients/pyproject.toml policy_server/pyproject.toml
+	@if [ "$(PY310)" = MISSING ]; then scripts/find_python.sh 3.10; exit 1; fi
+	@echo "setup: .venv-py310 with $(PY310)"
+	@test -x .venv-py310/bin/python || $(PY310) -m venv .venv-py310
+	@.venv-py310/bin/python -m pip install $(PIP_QUIET) --upgrade pip
+	@.venv-py310/bin/python -m pip install $(PIP_QUIET) -e clients -e policy_server pytest pytest-timeout msgpack-numpy
+	@touch $@
+
+setup: system-deps $(VENV)/.installed .venv-openpi/.installed .venv-py310/.installed
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.installed
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+typecheck: $(VENV)/.installed
+	$(VENV)/bin/mypy
+
+test-py310: .venv-py310/.installed
+	.venv-py310/bin/python -m pytest -q -p no:cacheprovider tests/clients tests/policy_server tests/test_architecture.py
+
+test: setup lint typecheck
+	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-py310
+
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow"
+
+demo: setup
+	$(PY) -m cosmos_robot.demo
+
+bench: setup
+	$(PY) benchmarks/serving.py --write docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .venv-openpi .venv-py310 .pytest_cache .mypy_cache .ruff_cache

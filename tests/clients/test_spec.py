@@ -1,0 +1,69 @@
+"""Input specs: every mismatch is reported with the key, the expected and the actual value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
+
+SPEC = InputSpec(
+    {
+        "observation/image": ArraySpec((224, 224, 3), "uint8"),
+        "observation/state": ArraySpec((8,), "floating"),
+        "observation/extra": ArraySpec((None, 2), "number", optional=True),
+        "prompt": TextSpec(),
+    }
+)
+
+
+def good() -> dict[str, object]:
+    return {
+        "observation/image": np.zeros((224, 224, 3), np.uint8),
+        "observation/state": np.zeros(8, np.float64),
+        "prompt": "go",
+    }
+
+
+def test_valid_observation_passes_and_families_match() -> None:
+    SPEC.validate(good())
+    obs = good() | {"observation/state": np.zeros(8, np.float32), "observation/extra": np.zeros((5, 2), np.int16)}
+    SPEC.validate(obs)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"observation/image": np.zeros((224, 224), np.uint8)}, r"observation/image: expected shape \(224, 224, 3\), got \(224, 224\)"),
+        ({"observation/image": np.zeros((224, 224, 3), np.float32)}, "observation/image: expected dtype uint8, got float32"),
+        ({"observation/state": np.zeros(8, np.int32)}, "observation/state: expected dtype floating, got int32"),
+        ({"observation/state": [0.0] * 8}, "observation/state: expected an array of shape \\(8,\\) floating, got list"),
+        ({"prompt": 3}, "prompt: expected a string, got int"),
+        ({"observation/extra": np.zeros((5, 3))}, r"observation/extra: expected shape \(\*, 2\), got \(5, 3\)"),
+        ({"observation/imagee": np.zeros(1)}, "observation/imagee: unknown key; did you mean 'observation/image'"),
+    ],
+)
+def test_errors_name_key_expected_and_actual(change: dict[str, object], message: str) -> None:
+    with pytest.raises(ObservationError, match=message) as info:
+        SPEC.validate(good() | change)
+    assert info.value.key in message
+
+
+def test_missing_key_and_non_map() -> None:
+    obs = good()
+    del obs["prompt"]
+    with pytest.raises(ObservationError, match="prompt: missing required key"):
+        SPEC.validate(obs)
+    with pytest.raises(ObservationError, match="expected a map"):
+        SPEC.validate([1, 2])
+
+
+def test_round_trip_through_metadata_and_example() -> None:
+    again = InputSpec.from_dict(SPEC.to_dict())
+    assert again.to_dict() == SPEC.to_dict()
+    example = again.example()
+    again.validate(example)
+    assert example["observation/image"].dtype == np.uint8
+    with pytest.raises(ValueError, match="kind"):
+        InputSpec.from_dict({"x": {"kind": "blob"}})
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ArraySpec((1,), "nonsense")

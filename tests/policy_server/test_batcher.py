@@ -1,0 +1,142 @@
+"""Dynamic batching: grouping across clients, no wait for a lone client, failure isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from cosmos_robot_client.base_policy import BasePolicy, BatchPolicy
+from cosmos_robot_server.batcher import DynamicBatcher, PolicyError, structure_signature
+from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPolicy
+
+
+def obs(n: int = 3) -> dict[str, Any]:
+    return {"state": np.zeros(n, np.float32), "prompt": "p"}
+
+
+async def _with_batcher(policy: BasePolicy, fn: Any, **kw: Any) -> Any:
+    batcher = DynamicBatcher(policy, **kw)
+    batcher.start()
+    try:
+        return await fn(batcher)
+    finally:
+        await batcher.stop()
+
+
+def test_concurrent_clients_share_one_call() -> None:
+    policy = ConstantBatchPolicy(4, 2)
+
+    async def go(b: DynamicBatcher) -> list[Any]:
+        return await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(8)))
+
+    results = asyncio.run(_with_batcher(policy, go, max_batch_size=16, max_wait_ms=200))
+    assert policy.batch_sizes == [8]
+    assert all(r[0]["actions"].shape == (4, 2) and r[1].batch_size == 8 for r in results)
+
+
+def test_max_batch_size_caps_a_call() -> None:
+    policy = ConstantBatchPolicy(4, 2)
+
+    async def go(b: DynamicBatcher) -> None:
+        await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(10)))
+
+    asyncio.run(_with_batcher(policy, go, max_batch_size=4, max_wait_ms=200))
+    assert sorted(policy.batch_sizes, reverse=True) == [4, 4, 2]
+
+
+def test_lone_client_does_not_wait_for_max_wait() -> None:
+    policy = ConstantBatchPolicy(4, 2)
+
+    async def go(b: DynamicBatcher) -> float:
+        await b.submit(obs(), "solo")  # warm-up
+        t0 = time.perf_counter()
+        for _ in range(5):
+            await b.submit(obs(), "solo")
+        return (time.perf_counter() - t0) / 5
+
+    per_request = asyncio.run(_with_batcher(policy, go, max_wait_ms=500))
+    assert per_request < 0.25  # would be >= 0.5 s if it waited for max_wait
+
+
+def test_different_structures_are_separate_calls() -> None:
+    policy = ConstantBatchPolicy(4, 2)
+
+    async def go(b: DynamicBatcher) -> None:
+        await asyncio.gather(*(b.submit(obs(3 if i % 2 else 5), f"c{i}") for i in range(6)))
+
+    asyncio.run(_with_batcher(policy, go, max_wait_ms=200))
+    assert sorted(policy.batch_sizes) == [3, 3]
+    assert structure_signature(obs(3)) != structure_signature(obs(5))
+    assert structure_signature(obs(3)) == structure_signature(obs(3))
+
+
+def test_unbatched_policy_is_called_per_request() -> None:
+    policy = ConstantPolicy(4, 2)
+
+    async def go(b: DynamicBatcher) -> list[Any]:
+        return await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(5)))
+
+    results = asyncio.run(_with_batcher(policy, go, max_wait_ms=100))
+    assert policy.calls == 5 and all(r[1].batch_size == 1 for r in results)
+
+
+class PickyPolicy(BatchPolicy):
+    """Raises on observations flagged bad, like a model hitting a NaN in one sample."""
+
+    def __init__(self) -> None:
+        self.batch_sizes: list[int] = []
+
+    def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.batch_sizes.append(len(obs_batch))
+        if any(o["state"][0] < 0 for o in obs_batch):
+            raise FloatingPointError("negative state")
+        return [{"actions": np.ones((2, 2))} for _ in obs_batch]
+
+
+def test_failing_request_is_isolated_from_its_batch() -> None:
+    policy = PickyPolicy()
+
+    async def go(b: DynamicBatcher) -> list[Any]:
+        items = [obs() for _ in range(4)]
+        items[2]["state"][0] = -1
+        return await asyncio.gather(*(b.submit(o, f"c{i}") for i, o in enumerate(items)), return_exceptions=True)
+
+    results = asyncio.run(_with_batcher(policy, go, max_wait_ms=200))
+    assert isinstance(results[2], PolicyError) and "negative state" in str(results[2])
+    assert all(isinstance(results[i], tuple) for i in (0, 1, 3))
+    assert policy.batch_sizes[0] == 4  # tried together first, then one by one
+
+
+class BrokenPolicy(BatchPolicy):
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.mode == "short":
+            return [{"actions": np.zeros(1)}][: len(obs_batch) - 1]
+        return ["not a dict"] * len(obs_batch)  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(("mode", "message"), [("short", "length"), ("type", "expected a dict")])
+def test_malformed_policy_output_is_a_clear_error(mode: str, message: str) -> None:
+    async def go(b: DynamicBatcher) -> list[Any]:
+        return await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(2)), return_exceptions=True)
+
+    results = asyncio.run(_with_batcher(BrokenPolicy(mode), go, max_wait_ms=100))
+    assert all(isinstance(r, PolicyError) for r in results)
+    assert any(message in str(r) for r in results) or mode == "short"
+
+
+def test_reset_runs_on_the_policy_thread() -> None:
+    policy = ConstantPolicy()
+
+    async def go(b: DynamicBatcher) -> None:
+        await b.submit(obs(), "c")
+        await b.call(policy.reset)
+
+    asyncio.run(_with_batcher(policy, go))
+    assert policy.resets == 1
