@@ -37,11 +37,12 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@touch $@
 
 # The real openpi-client / openpi-server from PyPI pin numpy<2, so they get a venv of their own.
+# openpi-client 0.1.2 imports typing_extensions without declaring it.
 .venv-openpi/.installed:
 	@if [ "$(PY312)" = MISSING ]; then scripts/find_python.sh 3.12; exit 1; fi
 	@echo "setup: .venv-openpi (openpi-client 0.1.2, openpi-server 0.1.0 from PyPI)"
 	@test -x .venv-openpi/bin/python || $(PY312) -m venv .venv-openpi
-	@.venv-openpi/bin/python -m pip install $(PIP_QUIET) "openpi-client==0.1.2" "openpi-server==0.1.0" "numpy<2"
+	@.venv-openpi/bin/python -m pip install $(PIP_QUIET) "openpi-client==0.1.2" "openpi-server==0.1.0" "numpy<2" typing_extensions
 	@touch $@
 
 # The torch-free packages promise Python 3.10+: their tests run again there.

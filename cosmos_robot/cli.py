@@ -48,7 +48,7 @@ def serve(
     http_port: Annotated[int, typer.Option(help="HTTP port (health, metrics, cosmos-framework LIBERO JSON).")] = 8001,
     transport: Annotated[str, typer.Option(help="ws, zmq, http, both (ws+zmq) or all; comma-separated list allowed.")] = "ws",
     max_batch: Annotated[int, typer.Option(help="Most observations per batched policy call.")] = 16,
-    max_wait_ms: Annotated[float, typer.Option(help="Longest a request waits for others to join its batch.")] = 3.0,
+    max_wait_ms: Annotated[float, typer.Option(help="Longest a request waits for prompt peers to join its batch.")] = 10.0,
     api_key: Annotated[
         Optional[str], typer.Option(envvar="COSMOS_ROBOT_API_KEY", help="Require this key from clients (env COSMOS_ROBOT_API_KEY).")
     ] = None,

@@ -140,3 +140,48 @@ def test_reset_runs_on_the_policy_thread() -> None:
 
     asyncio.run(_with_batcher(policy, go))
     assert policy.resets == 1
+
+
+def test_prompt_client_is_not_held_back_by_a_slow_one() -> None:
+    policy = ConstantBatchPolicy(4, 2)
+
+    async def go(b: DynamicBatcher) -> list[float]:
+        async def slow() -> None:
+            for _ in range(3):
+                await b.submit(obs(), "slow")
+                await asyncio.sleep(0.2)  # think time far above max_wait: not expected in batches
+
+        async def fast() -> list[float]:
+            lat = []
+            for _ in range(30):
+                t0 = time.perf_counter()
+                await b.submit(obs(), "fast")
+                lat.append(time.perf_counter() - t0)
+                await asyncio.sleep(0.01)
+            return lat
+
+        task = asyncio.create_task(slow())
+        lat = await fast()
+        await task
+        return lat
+
+    lat = asyncio.run(_with_batcher(policy, go, max_wait_ms=60))
+    assert sorted(lat)[len(lat) // 2] < 0.03  # the median request did not sit out max_wait
+
+
+def test_lockstep_clients_fill_batches_even_when_arriving_staggered() -> None:
+    policy = ConstantBatchPolicy(4, 2, delay_ms=5)
+
+    async def go(b: DynamicBatcher) -> None:
+        async def client(i: int) -> None:
+            for _ in range(8):
+                await asyncio.sleep(0.002 * i)  # arrivals spread over ~6 ms, like 4 envs stepping
+                await b.submit(obs(), f"env{i}")
+
+        await asyncio.gather(*(client(i) for i in range(4)))
+
+    asyncio.run(_with_batcher(policy, go, max_wait_ms=50))
+    # once the first rounds teach the batcher that all four are prompt, calls carry all four
+    # (the last rounds may split when a client has finished its loop before the others)
+    assert policy.batch_sizes.count(4) >= 5, policy.batch_sizes
+    assert sum(policy.batch_sizes) == 32

@@ -17,9 +17,9 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+
 from cosmos_robot_client.base_policy import BasePolicy
 from cosmos_robot_client.zmq_client_policy import ZmqClientPolicy
-
 from cosmos_robot_server import PolicyServer, ServerConfig
 from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPolicy, libero_input_spec
 
@@ -204,7 +204,9 @@ def test_api_token_rejected_and_accepted() -> None:
         bad = request(port, {"endpoint": "get_action", "data": {}, "api_token": "nope"})
         assert bad == {"error": "Unauthorized: Invalid API token"}
         assert request(port, {"endpoint": "ping", "api_token": "s3cret"})["status"] == "ok"
-        good = request(port, {"endpoint": "get_action", "data": {"observation": {}, "options": None}, "api_token": "s3cret"})
+        good = request(
+            port, {"endpoint": "get_action", "data": {"observation": {}, "options": None}, "api_token": "s3cret"}
+        )
         assert good[0]["actions"].shape == (10, 7)
 
 
@@ -293,5 +295,13 @@ def test_metrics_count_zmq_requests_and_errors() -> None:
         text = server.metrics.render()
     finally:
         server.stop()
-    assert 'cosmos_robot_requests_total{transport="zmq",outcome="ok"} 1' in text
-    assert 'cosmos_robot_errors_total{transport="zmq",kind="bad_request"} 1' in text
+    assert 'cosmos_robot_requests_total{outcome="ok",transport="zmq"} 1' in text
+    assert 'cosmos_robot_errors_total{kind="bad_request",transport="zmq"} 1' in text
+
+
+def test_binds_all_interfaces_and_reports_a_busy_port() -> None:
+    with serve(ConstantPolicy(), host="0.0.0.0") as port:
+        assert request(port, {"endpoint": "ping"})["status"] == "ok"  # reachable through loopback
+        busy = PolicyServer(ConstantPolicy(), ServerConfig(port=0, zmq_port=port, transports=("zmq",)))
+        with pytest.raises(RuntimeError, match=f"ZMQ transport cannot bind tcp://127.0.0.1:{port}"):
+            busy.start_in_thread(timeout_s=5)

@@ -20,6 +20,7 @@ websockets connection answers keepalive pings from its own background thread whi
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Sequence
@@ -39,6 +40,8 @@ __all__ = ["WebsocketClientPolicy", "build_url"]
 _DEFAULT_PORT = 8000
 _SYNC_KEEPALIVE = int(websockets.__version__.split(".")[0]) >= 15  # the sync client pings since websockets 15
 _RESET_ACK = "reset successful"
+# websockets >= 17.1 deprecates calling connect() outside a ``with``; legacy=True keeps a plain connection.
+_LEGACY = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
 
 
 def build_url(host: str, port: int | None = None) -> str:
@@ -80,6 +83,8 @@ class WebsocketClientPolicy(BasePolicy):
         if request_timeout_s is not None and request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0 or None, got {request_timeout_s}")
         self.url = build_url(host, port)
+        if ssl_context is not None and not self.url.startswith("wss://"):
+            raise ValueError(f"ssl_context given but {self.url} is not a wss:// URL")
         self._api_key = api_key
         self.connect_timeout_s = connect_timeout_s
         self.request_timeout_s = request_timeout_s
@@ -161,11 +166,11 @@ class WebsocketClientPolicy(BasePolicy):
     # -- internals -------------------------------------------------------------------------
     def _request(self, message: dict[str, Any]) -> Any:
         payload = self._packer.pack(message)
-        self._check_size(len(payload))
         with self._lock:
             attempts = 2 if self.retry_on_disconnect else 1
             for attempt in range(attempts):
                 ws = self._ensure_connected()
+                self._check_size(len(payload))
                 try:
                     ws.send(payload)
                     reply = ws.recv(timeout=self.request_timeout_s)
@@ -215,10 +220,10 @@ class WebsocketClientPolicy(BasePolicy):
     def _connect(self) -> None:
         """Connect and read the metadata frame, retrying with backoff until the deadline."""
         headers = {"Authorization": f"Api-Key {self._api_key}"} if self._api_key else None
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = dict(_LEGACY)
         if _SYNC_KEEPALIVE:
             kwargs.update(ping_interval=self.ping_interval_s, ping_timeout=self.ping_timeout_s)
-        if self.url.startswith("wss://") and self._ssl is not None:
+        if self._ssl is not None:
             kwargs["ssl"] = self._ssl
         deadline = time.monotonic() + self.connect_timeout_s
         delay = 0.05

@@ -5,8 +5,11 @@ environments at once. openpi's server calls the model once per request inside it
 16 clients wait in line (openpi #399).
 
 How: requests land in one queue. A single consumer takes the first request and waits for more
-until the batch is full, ``max_wait_ms`` has passed, or every recently active client is already in
-the batch (so a lone client never waits: its p50 stays at the single-request cost). The batch is
+until the batch is full, ``max_wait_ms`` has passed, or every client expected to join is already in
+the batch. A client is expected when it is *prompt*: its think time (from our reply to its next
+request, smoothed) is below ``max_wait_ms``, as for simulators stepped in lockstep. So a lone
+client never waits (its latency stays the single-request cost), robots that think for tens of
+milliseconds between requests are not waited for, and lockstep evaluators fill batches. The batch is
 split into groups of identical structure (keys, shapes, dtypes) so a policy can stack them, and
 each group runs in ONE worker thread: the event loop stays free to answer pings and other
 connections, and the model is never entered from two threads at once.
@@ -33,7 +36,15 @@ from cosmos_robot_server.metrics import Metrics
 
 __all__ = ["DynamicBatcher", "PolicyError", "Timing"]
 
-_ACTIVE_WINDOW_S = 1.0
+_ACTIVE_WINDOW_S = 1.0  # a client silent for this long is no longer expected in a batch
+_THINK_EMA = 0.3  # smoothing of each client's think time
+
+
+@dataclass
+class _ClientState:
+    last_seen: float
+    last_reply: float | None = None
+    think_ema_s: float | None = None
 
 
 class PolicyError(RuntimeError):
@@ -76,7 +87,7 @@ class DynamicBatcher:
         policy: BasePolicy,
         *,
         max_batch_size: int = 16,
-        max_wait_ms: float = 3.0,
+        max_wait_ms: float = 10.0,
         metrics: Metrics | None = None,
     ) -> None:
         self.policy = policy
@@ -87,7 +98,7 @@ class DynamicBatcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task[None] | None = None
-        self._last_seen: dict[str, float] = {}
+        self._clients: dict[str, _ClientState] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -109,9 +120,21 @@ class DynamicBatcher:
         if self._queue is None:
             raise RuntimeError("DynamicBatcher.start() was not called")
         fut: asyncio.Future[tuple[dict[str, Any], Timing]] = asyncio.get_running_loop().create_future()
-        self._last_seen[client_id] = time.perf_counter()
+        now = time.perf_counter()
+        state = self._clients.get(client_id)
+        if state is None:
+            state = self._clients[client_id] = _ClientState(last_seen=now)
+        else:
+            state.last_seen = now
+            if state.last_reply is not None:
+                think = now - state.last_reply
+                ema = state.think_ema_s
+                state.think_ema_s = think if ema is None else (1 - _THINK_EMA) * ema + _THINK_EMA * think
         await self._queue.put(_Item(obs, client_id, fut))
-        return await fut
+        try:
+            return await fut
+        finally:
+            state.last_reply = time.perf_counter()
 
     async def call(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the policy thread, serialised with inference (used for ``reset``)."""
@@ -119,14 +142,21 @@ class DynamicBatcher:
 
     def forget(self, client_id: str) -> None:
         """A connection closed: stop counting it as an expected batch member."""
-        self._last_seen.pop(client_id, None)
+        self._clients.pop(client_id, None)
 
     # -- consumer --------------------------------------------------------------------------
-    def _expected_batch(self, now: float) -> int:
-        stale = [cid for cid, t in self._last_seen.items() if now - t > _ACTIVE_WINDOW_S]
+    def _expected_batch(self, now: float, batch: list[_Item]) -> int:
+        """Clients already in the batch plus the prompt ones that will be back within max_wait."""
+        stale = [cid for cid, st in self._clients.items() if now - st.last_seen > _ACTIVE_WINDOW_S]
         for cid in stale:
-            del self._last_seen[cid]
-        return max(1, min(self.max_batch_size, len(self._last_seen)))
+            del self._clients[cid]
+        members = {it.client_id for it in batch}
+        prompt = {
+            cid
+            for cid, st in self._clients.items()
+            if st.think_ema_s is not None and st.think_ema_s <= self.max_wait_s
+        }
+        return max(1, min(self.max_batch_size, len(members | prompt)))
 
     async def _collect(self) -> list[_Item]:
         assert self._queue is not None
@@ -140,7 +170,7 @@ class DynamicBatcher:
             except asyncio.QueueEmpty:
                 pass
             now = time.perf_counter()
-            if len(batch) >= self._expected_batch(now) or now >= deadline:
+            if len(batch) >= self._expected_batch(now, batch) or now >= deadline:
                 break
             try:
                 batch.append(await asyncio.wait_for(self._queue.get(), deadline - now))

@@ -22,7 +22,7 @@ class ServerConfig:
     http_port: int = 8001  # HTTP health/metrics and cosmos-framework LIBERO JSON dialect; 0 = any free
     transports: tuple[str, ...] = ("ws",)  # which endpoints to open: any of ws, zmq, http
     max_batch_size: int = 16  # most observations the policy sees in one batched call
-    max_wait_ms: float = 3.0  # longest a request waits for others to join its batch
+    max_wait_ms: float = 10.0  # longest a request waits for prompt peers to join its batch
     api_key: str | None = None  # required on websocket (Authorization header) and ZMQ (api_token) when set
     max_message_bytes: int = 64 * 1024 * 1024  # larger requests are refused before decoding
     enable_kill: bool = False  # allow GR00T's `kill` endpoint to stop the server

@@ -35,6 +35,7 @@ from cosmos_robot_server.core import RequestError
 __all__ = [
     "CosmosRequest",
     "DialectError",
+    "PolicyOutputError",
     "action_list",
     "decode_image",
     "info_fields",
@@ -56,6 +57,10 @@ class DialectError(RequestError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}", status=400)
         self.field = field
+
+
+class PolicyOutputError(PolicyError):
+    """The policy answered, but not with a (T, D) finite numeric ``actions`` array (HTTP 500)."""
 
 
 @dataclass(frozen=True)
@@ -180,17 +185,17 @@ def _fit(view: np.ndarray, field_spec: Any, key: str) -> np.ndarray:
 def action_list(result: Mapping[str, Any]) -> list[list[float]]:
     """The policy's ``actions`` (T, D) as JSON lists; a malformed result is the policy's fault (500)."""
     if "actions" not in result:
-        raise PolicyError(f"policy result has no 'actions' (keys: {sorted(map(str, result))})")
+        raise PolicyOutputError(f"policy result has no 'actions' (keys: {sorted(map(str, result))})")
     try:
         arr = np.asarray(result["actions"])
     except (TypeError, ValueError) as exc:
-        raise PolicyError(f"policy 'actions' is not an array: {exc}") from exc
+        raise PolicyOutputError(f"policy 'actions' is not an array: {exc}") from exc
     if arr.dtype.kind not in "biuf":
-        raise PolicyError(f"policy 'actions' must be numeric, got dtype {arr.dtype}")
+        raise PolicyOutputError(f"policy 'actions' must be numeric, got dtype {arr.dtype}")
     if arr.ndim != 2:
-        raise PolicyError(f"policy 'actions' must have shape (T, D), got {arr.shape}")
+        raise PolicyOutputError(f"policy 'actions' must have shape (T, D), got {arr.shape}")
     if not np.isfinite(arr).all():
-        raise PolicyError("policy 'actions' contains NaN or infinite values, which JSON cannot carry")
+        raise PolicyOutputError("policy 'actions' contains NaN or infinite values, which JSON cannot carry")
     return arr.astype(np.float64).tolist()
 
 

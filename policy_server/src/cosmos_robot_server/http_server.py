@@ -22,6 +22,7 @@ import logging
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Coroutine
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -31,7 +32,14 @@ from urllib.parse import urlsplit
 from cosmos_robot_server.batcher import PolicyError
 from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.core import RequestError, ServingCore
-from cosmos_robot_server.cosmos_dialect import action_list, info_fields, parse_batch, parse_request, to_observation
+from cosmos_robot_server.cosmos_dialect import (
+    PolicyOutputError,
+    action_list,
+    info_fields,
+    parse_batch,
+    parse_request,
+    to_observation,
+)
 from cosmos_robot_server.server import Transport
 
 __all__ = ["HttpTransport"]
@@ -44,6 +52,8 @@ PREDICT_ROUTES = frozenset({"/", "/predict"})
 BATCH_ROUTE = "/predict_batch"
 RESET_ROUTES = frozenset({"/reset", "/next_episode"})  # cosmos's client POSTs /next_episode after an episode
 POST_ROUTES = PREDICT_ROUTES | RESET_ROUTES | {BATCH_ROUTE}
+LINGER_S = 0.5  # after refusing a body unread, how long we keep discarding it so the reply arrives
+LINGER_BYTES = 4 * 1024 * 1024
 IDLE_TIMEOUT_S = 120.0  # a keep-alive connection silent this long is closed (frees its thread)
 JSON_TYPE = "application/json"
 
@@ -70,6 +80,7 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: the evaluation client sends one request per control step
+    default_request_version = "HTTP/1.0"  # so even a garbled request line gets a status line, not a bare body
     server_version = "cosmos-robot-server"
     disable_nagle_algorithm = True  # headers and body go out in two writes; Nagle would delay the second
     timeout = IDLE_TIMEOUT_S
@@ -80,13 +91,32 @@ class _Handler(BaseHTTPRequestHandler):
         super().setup()
         self.client_id = f"http:{self.client_address[0]}:{self.client_address[1]}"
         self._body_pending = False
+        self._linger = False
         self.server.transport._opened(self.connection)
 
     def finish(self) -> None:
         try:
             super().finish()
+            if self._linger:
+                self._drain()
         finally:
             self.server.transport._closed(self.connection, self.client_id)
+
+    def _drain(self) -> None:
+        """Closing with unread input makes the kernel send RST, which can destroy our error reply
+        before the client reads it; so stop writing, then discard what the client still sends (bounded)."""
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            self.connection.settimeout(LINGER_S)
+            deadline = time.monotonic() + LINGER_S
+            discarded = 0
+            while discarded < LINGER_BYTES and time.monotonic() < deadline:
+                chunk = self.connection.recv(65536)
+                if not chunk:
+                    break
+                discarded += len(chunk)
+        except OSError:
+            pass
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.client_id, format % args)
@@ -156,14 +186,19 @@ class _Handler(BaseHTTPRequestHandler):
         except RequestError as exc:
             transport.count_rejected(exc.status)
             raise
-        if route == BATCH_ROUTE:
-            replies = transport.run(core.infer_many(batch, transport="http", client_id=self.client_id))
-            actions = [action_list(reply) for reply in replies]
-            timing = {"infer_ms": max(r["server_timing"]["infer_ms"] for r in replies), "batch_size": len(replies)}
-            self._send_json(200, {"actions": actions, "server_timing": timing})
-        else:
-            reply = transport.run(core.infer(single, transport="http", client_id=self.client_id))
-            self._send_json(200, {"action": action_list(reply), "server_timing": reply.get("server_timing")})
+        try:
+            if route == BATCH_ROUTE:
+                replies = transport.run(core.infer_many(batch, transport="http", client_id=self.client_id))
+                actions = [action_list(reply) for reply in replies]
+                infer_ms = max(r["server_timing"]["infer_ms"] for r in replies)
+                timing = {"infer_ms": infer_ms, "batch_size": len(replies)}
+                self._send_json(200, {"actions": actions, "server_timing": timing})
+            else:
+                reply = transport.run(core.infer(single, transport="http", client_id=self.client_id))
+                self._send_json(200, {"action": action_list(reply), "server_timing": reply.get("server_timing")})
+        except PolicyOutputError:  # the core counted the call as answered; the answer was unusable
+            core.metrics.inc("cosmos_robot_errors_total", transport="http", kind="policy_output")
+            raise
 
     # -- request parts ---------------------------------------------------------------------
     def _check_api_key(self) -> None:
@@ -240,6 +275,7 @@ class _Handler(BaseHTTPRequestHandler):
         if getattr(self, "_body_pending", False):  # an unread body would be parsed as the next request
             self.send_header("Connection", "close")
             self.close_connection = True
+            self._linger = True
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)

@@ -116,6 +116,8 @@ class ZmqTransport(Transport):
 
     async def stop(self) -> None:
         await self._shutdown(linger_ms=0)
+        if self._kill_task is not None and self._kill_task is not asyncio.current_task():
+            await asyncio.gather(self._kill_task, return_exceptions=True)
 
     async def _shutdown(self, linger_ms: int) -> None:
         if self._closed:
