@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -93,8 +94,9 @@ def run_case(server: str, delay_ms: float, clients: list[int], duration: float) 
             row = json.loads(out.stdout.strip().splitlines()[-1])
             row.update(server=server, delay_ms=delay_ms)
             rows.append(row)
+            rate, p50, p99 = row["throughput_rps"], row["p50_ms"], row["p99_ms"]
             print(f"  {server:15s} policy {delay_ms:4.0f} ms  clients {n:2d}: "
-                  f"{row['throughput_rps']:7.1f} req/s  p50 {row['p50_ms']:7.2f} ms  p99 {row['p99_ms']:7.2f} ms", flush=True)  # fmt: skip
+                  f"{rate:7.1f} req/s  p50 {p50:7.2f} ms  p99 {p99:7.2f} ms", flush=True)  # fmt: skip
         return rows
     finally:
         proc.terminate()
@@ -105,9 +107,10 @@ def render(rows: list[dict[str, float]], duration: float, command: str) -> str:
     def get(server: str, delay: float, n: int) -> dict[str, float]:
         return next(r for r in rows if r["server"] == server and r["delay_ms"] == delay and r["clients"] == n)
 
-    lines = [SECTION, "", f"Command: `{command}`  ", f"Run: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC on "
-             f"{platform.machine()} with {__import__('os').cpu_count()} CPU cores, Python {platform.python_version()}; "
-             f"client = openpi-client 0.1.2 for both servers; {duration:.0f} s per point after 1 s warm-up.", ""]  # fmt: skip
+    when = f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC"
+    machine = f"{platform.machine()} with {os.cpu_count()} CPU cores, Python {platform.python_version()}"
+    lines = [SECTION, "", f"Command: `{command}`  ", f"Run: {when} on {machine}; client = openpi-client 0.1.2 "
+             f"for both servers; {duration:.0f} s per point after 1 s warm-up.", ""]  # fmt: skip
     free_o, free_u = get("openpi", 0, 1), get("ours", 0, 1)
     lines += ["**Free policy, 1 client (transport overhead)**", "",
               "| server | p50 ms | p99 ms | req/s |", "|---|---:|---:|---:|"]  # fmt: skip
@@ -115,7 +118,8 @@ def render(rows: list[dict[str, float]], duration: float, command: str) -> str:
         lines.append(f"| {name} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['throughput_rps']:.0f} |")
     lines.append(f"\nRatio ours/openpi p50: **{free_u['p50_ms'] / free_o['p50_ms']:.2f}** (target <= 1.0).\n")
     lines += ["**Policy costing 20 ms per call**", "",
-              "| clients | openpi req/s | openpi p50 ms | ours req/s | ours p50 ms | throughput ratio | ours, unbatched policy req/s |",
+              "| clients | openpi req/s | openpi p50 ms | ours req/s | ours p50 ms | throughput ratio "
+              "| ours, unbatched policy req/s |",
               "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
     for n in (1, 4, 16):
         o, u, ub = get("openpi", 20, n), get("ours", 20, n), get("ours-unbatched", 20, n)
@@ -128,7 +132,11 @@ def render(rows: list[dict[str, float]], duration: float, command: str) -> str:
 
 
 def write_section(path: Path, text: str) -> None:
-    old = path.read_text() if path.exists() else "# Benchmarks\n\nEvery number here comes from a command in this repository; rerun it to check.\n"
+    old = (
+        path.read_text()
+        if path.exists()
+        else "# Benchmarks\n\nEvery number here comes from a command in this repository; rerun it to check.\n"
+    )
     if SECTION in old:
         head, _, rest = old.partition(SECTION)
         nxt = rest.find("\n## ")

@@ -11,7 +11,6 @@ from typing import Annotated, Optional
 
 import typer
 
-
 app = typer.Typer(
     name="cosmos-robot",
     help="Serve, evaluate and post-train robot policies.",
@@ -20,7 +19,13 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
-TRANSPORT_CHOICES = {"ws": ("ws",), "zmq": ("zmq",), "http": ("http",), "both": ("ws", "zmq"), "all": ("ws", "zmq", "http")}
+TRANSPORT_CHOICES = {
+    "ws": ("ws",),
+    "zmq": ("zmq",),
+    "http": ("http",),
+    "both": ("ws", "zmq"),
+    "all": ("ws", "zmq", "http"),
+}
 
 
 def _transports(value: str) -> tuple[str, ...]:
@@ -43,14 +48,21 @@ def serve(
         Optional[list[str]], typer.Option("--policy-arg", "-a", help="KEY=VALUE passed to the factory (repeatable).")
     ] = None,
     host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 serves other machines.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Websocket port (openpi protocol; also GET /healthz /readyz /metrics).")] = 8000,
+    port: Annotated[
+        int, typer.Option(help="Websocket port (openpi protocol; also GET /healthz /readyz /metrics).")
+    ] = 8000,
     zmq_port: Annotated[int, typer.Option(help="ZMQ port (Isaac-GR00T protocol).")] = 5555,
     http_port: Annotated[int, typer.Option(help="HTTP port (health, metrics, cosmos-framework LIBERO JSON).")] = 8001,
-    transport: Annotated[str, typer.Option(help="ws, zmq, http, both (ws+zmq) or all; comma-separated list allowed.")] = "ws",
+    transport: Annotated[
+        str, typer.Option(help="ws, zmq, http, both (ws+zmq) or all; comma-separated list allowed.")
+    ] = "ws",
     max_batch: Annotated[int, typer.Option(help="Most observations per batched policy call.")] = 16,
-    max_wait_ms: Annotated[float, typer.Option(help="Longest a request waits for prompt peers to join its batch.")] = 10.0,
+    max_wait_ms: Annotated[
+        float, typer.Option(help="Longest a request waits for prompt peers to join its batch.")
+    ] = 10.0,
     api_key: Annotated[
-        Optional[str], typer.Option(envvar="COSMOS_ROBOT_API_KEY", help="Require this key from clients (env COSMOS_ROBOT_API_KEY).")
+        Optional[str],
+        typer.Option(envvar="COSMOS_ROBOT_API_KEY", help="Require this key from clients (env COSMOS_ROBOT_API_KEY)."),
     ] = None,
     max_message_mb: Annotated[float, typer.Option(help="Refuse requests larger than this many MiB.")] = 64.0,
     enable_kill: Annotated[bool, typer.Option(help="Allow GR00T clients to stop the server with `kill`.")] = False,
@@ -64,13 +76,14 @@ def serve(
     """
     import logging
 
-    from cosmos_robot_server import PolicyServer, ServerConfig
-
     from cosmos_robot.policy_loading import PolicyLoadError, load_policy, parse_policy_args
+    from cosmos_robot_server import PolicyServer, ServerConfig
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if policy is None:
-        raise typer.BadParameter("pass --policy MODULE:FACTORY (checkpoint folders arrive with --ckpt)", param_hint="--policy")
+        raise typer.BadParameter(
+            "pass --policy MODULE:FACTORY (checkpoint folders arrive with --ckpt)", param_hint="--policy"
+        )
     try:
         config = ServerConfig(
             host=host,

@@ -46,7 +46,9 @@ def load_policy(ref: str, kwargs: dict[str, Any] | None = None) -> BasePolicy:
     """Import ``module:factory`` and call it with ``kwargs``; the result must be a policy."""
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:
-        raise PolicyLoadError(f"--policy {ref!r}: expected MODULE:FACTORY, e.g. cosmos_robot_server.example_policies:constant")
+        raise PolicyLoadError(
+            f"--policy {ref!r}: expected MODULE:FACTORY, e.g. cosmos_robot_server.example_policies:constant"
+        )
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
@@ -63,7 +65,9 @@ def load_policy(ref: str, kwargs: dict[str, Any] | None = None) -> BasePolicy:
     try:
         inspect.signature(factory).bind(**kwargs)
     except TypeError as exc:
-        raise PolicyLoadError(f"--policy {ref!r}: bad --policy-arg for {attr}{inspect.signature(factory)}: {exc}") from exc
+        raise PolicyLoadError(
+            f"--policy {ref!r}: bad --policy-arg for {attr}{inspect.signature(factory)}: {exc}"
+        ) from exc
     except ValueError:  # builtins without a signature: let the call decide
         pass
     policy = factory(**kwargs)
@@ -71,4 +75,4 @@ def load_policy(ref: str, kwargs: dict[str, Any] | None = None) -> BasePolicy:
         raise PolicyLoadError(
             f"--policy {ref!r}: the factory returned {type(policy).__name__}, which has no infer(obs) method"
         )
-    return policy  # type: ignore[no-any-return]
+    return policy

@@ -11,9 +11,10 @@ import time
 from typing import Any
 
 import numpy as np
-from cosmos_robot_client.spec import InputSpec
 from rich.console import Console
 from rich.table import Table
+
+from cosmos_robot_client.spec import InputSpec
 
 __all__ = ["example_observation", "latency_summary", "run_probe"]
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
 from cosmos_robot.cli import app
 from cosmos_robot.policy_loading import PolicyLoadError, load_policy, parse_policy_args
 from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
-from typer.testing import CliRunner
 
 runner = CliRunner()
 CLI = [sys.executable, "-m", "cosmos_robot.cli"]

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from cosmos_robot_client.action_chunk_broker import ActionChunkBroker
 from cosmos_robot_client.base_policy import BasePolicy
 from cosmos_robot_client.runtime import Environment, PolicyAgent, Runtime, Subscriber

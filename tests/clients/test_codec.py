@@ -9,8 +9,8 @@ import msgpack
 import msgpack_numpy
 import numpy as np
 import pytest
-from cosmos_robot_client.codec import CodecError, Packer, packb, unpackb
 
+from cosmos_robot_client.codec import CodecError, Packer, packb, unpackb
 from tests.helpers import openpi_python, run_python
 
 ARRAYS = {

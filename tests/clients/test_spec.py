@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
 
 SPEC = InputSpec(
@@ -33,8 +34,14 @@ def test_valid_observation_passes_and_families_match() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"observation/image": np.zeros((224, 224), np.uint8)}, r"observation/image: expected shape \(224, 224, 3\), got \(224, 224\)"),
-        ({"observation/image": np.zeros((224, 224, 3), np.float32)}, "observation/image: expected dtype uint8, got float32"),
+        (
+            {"observation/image": np.zeros((224, 224), np.uint8)},
+            r"observation/image: expected shape \(224, 224, 3\), got \(224, 224\)",
+        ),
+        (
+            {"observation/image": np.zeros((224, 224, 3), np.float32)},
+            "observation/image: expected dtype uint8, got float32",
+        ),
         ({"observation/state": np.zeros(8, np.int32)}, "observation/state: expected dtype floating, got int32"),
         ({"observation/state": [0.0] * 8}, "observation/state: expected an array of shape \\(8,\\) floating, got list"),
         ({"prompt": 3}, "prompt: expected a string, got int"),

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from cosmos_robot_client.base_policy import BasePolicy, BatchPolicy
 from cosmos_robot_server.batcher import DynamicBatcher, PolicyError, structure_signature
 from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPolicy

@@ -154,6 +154,25 @@ def test_batch_request_is_one_policy_call() -> None:
     assert policy.batch_sizes == [3]
 
 
+def test_mixing_batch_and_single_requests_never_waits_for_phantom_peers() -> None:
+    # A vectorised evaluator sends batches of varying size and single requests on one connection,
+    # with no think time. None of them may wait max_wait_ms for batch members that cannot come.
+    policy = ConstantBatchPolicy(10, 7)
+    obs = {"state": np.zeros(3)}
+    with serving(policy, max_wait_ms=300) as server:
+        ws, _ = raw_connect(server)
+        timings = []
+        for message in ({**obs}, {"batch": [obs] * 4}, {**obs}, {"batch": [obs] * 4}, {"batch": [obs] * 2}, {**obs}):
+            for _ in range(2):
+                t0 = time.perf_counter()
+                assert "actions" in roundtrip(ws, message) or "batch" in message
+                timings.append((list(message), (time.perf_counter() - t0) * 1000))
+        ws.close()
+    slow = [(keys, round(ms)) for keys, ms in timings if ms > 150]
+    assert not slow, f"requests waited for batch members that could not come: {slow}"
+    assert policy.batch_sizes == [1, 1, 4, 4, 1, 1, 4, 4, 2, 2, 1, 1]
+
+
 def test_concurrent_clients_share_one_batched_policy_call() -> None:
     policy = ConstantBatchPolicy(10, 7, delay_ms=50)
     with serving(policy, max_wait_ms=20) as server:

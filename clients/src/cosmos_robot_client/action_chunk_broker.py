@@ -66,7 +66,7 @@ class ActionChunkBroker(BasePolicy):
         self._step += 1
         if self._step >= self.action_horizon:
             self._chunk = None
-        return out  # type: ignore[no-any-return]
+        return out
 
     def reset(self) -> None:
         self.policy.reset()

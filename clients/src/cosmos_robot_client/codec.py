@@ -167,7 +167,7 @@ def _decode_npgeneric(obj: Mapping[Any, Any]) -> np.generic:
     dtype = _parse_dtype(_get(obj, "dtype"))
     data = _get(obj, "data")
     try:
-        return dtype.type(data)  # type: ignore[no-any-return]
+        return dtype.type(data)
     except (TypeError, ValueError) as exc:
         raise CodecError(f"numpy scalar data {data!r} does not fit dtype {dtype.str!r}") from exc
 

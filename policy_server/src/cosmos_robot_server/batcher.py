@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from cosmos_robot_client.base_policy import BasePolicy, supports_batch
 
+from cosmos_robot_client.base_policy import BasePolicy, supports_batch
 from cosmos_robot_server.metrics import Metrics
 
 __all__ = ["DynamicBatcher", "PolicyError", "Timing"]
@@ -152,9 +152,7 @@ class DynamicBatcher:
             del self._clients[cid]
         members = {it.client_id for it in batch}
         prompt = {
-            cid
-            for cid, st in self._clients.items()
-            if st.think_ema_s is not None and st.think_ema_s <= self.max_wait_s
+            cid for cid, st in self._clients.items() if st.think_ema_s is not None and st.think_ema_s <= self.max_wait_s
         }
         return max(1, min(self.max_batch_size, len(members | prompt)))
 

@@ -23,7 +23,7 @@ class ServerConfig:
     transports: tuple[str, ...] = ("ws",)  # which endpoints to open: any of ws, zmq, http
     max_batch_size: int = 16  # most observations the policy sees in one batched call
     max_wait_ms: float = 10.0  # longest a request waits for prompt peers to join its batch
-    api_key: str | None = None  # required on websocket (Authorization header) and ZMQ (api_token) when set
+    api_key: str | None = None  # required on websocket/HTTP (Authorization: Api-Key) and ZMQ (api_token) when set
     max_message_bytes: int = 64 * 1024 * 1024  # larger requests are refused before decoding
     enable_kill: bool = False  # allow GR00T's `kill` endpoint to stop the server
     ping_interval_s: float | None = 20.0  # websocket keepalive ping period; None disables

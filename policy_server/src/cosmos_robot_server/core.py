@@ -16,7 +16,6 @@ from typing import Any
 
 from cosmos_robot_client.base_policy import BasePolicy, supports_batch
 from cosmos_robot_client.spec import ObservationError
-
 from cosmos_robot_server.batcher import DynamicBatcher, PolicyError, Timing
 from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.metrics import Metrics
@@ -148,9 +147,17 @@ class ServingCore:
                 self._count(transport, "bad_request")
                 raise RequestError(f"batch[{i}]: {exc}") from exc
         t0 = time.perf_counter()
-        outs = await asyncio.gather(
-            *(self._submit(c, f"{client_id}#{i}") for i, c in enumerate(cleans)), return_exceptions=True
-        )
+        # The batcher must not expect this client (busy with this batch) nor its per-item ids later:
+        # otherwise a following single request, or a smaller batch, waits max_wait_ms for phantoms.
+        sub_ids = [f"{client_id}#{i}" for i in range(len(cleans))]
+        self.batcher.forget(client_id)
+        try:
+            outs = await asyncio.gather(
+                *(self._submit(c, s) for c, s in zip(cleans, sub_ids, strict=True)), return_exceptions=True
+            )
+        finally:
+            for sub_id in sub_ids:
+                self.batcher.forget(sub_id)
         replies = []
         for i, out in enumerate(outs):
             if isinstance(out, BaseException):

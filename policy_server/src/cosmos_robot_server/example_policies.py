@@ -13,19 +13,23 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
 from cosmos_robot_client.base_policy import BasePolicy, BatchPolicy
 from cosmos_robot_client.spec import ArraySpec, InputSpec, TextSpec
 
 __all__ = ["ConstantBatchPolicy", "ConstantPolicy", "constant", "constant_unbatched", "libero_input_spec"]
 
 
-def libero_input_spec(image_size: int = 224, state_dim: int = 8) -> InputSpec:
-    """openpi's LIBERO request: two HWC uint8 cameras, 8-D state, prompt."""
+def libero_input_spec(image_size: int = 224, state_dim: int = 8, state_optional: bool = False) -> InputSpec:
+    """openpi's LIBERO request: two HWC uint8 cameras, 8-D state, prompt.
+
+    ``state_optional=True`` also admits cosmos-framework's LIBERO client, which sends no state.
+    """
     return InputSpec(
         {
             "observation/image": ArraySpec((image_size, image_size, 3), "uint8"),
             "observation/wrist_image": ArraySpec((image_size, image_size, 3), "uint8"),
-            "observation/state": ArraySpec((state_dim,), "floating"),
+            "observation/state": ArraySpec((state_dim,), "floating", optional=state_optional),
             "prompt": TextSpec(),
         }
     )
@@ -95,11 +99,15 @@ def constant(
     action_horizon: int = 10, action_dim: int = 7, delay_ms: float = 0.0, libero_spec: bool = False
 ) -> ConstantBatchPolicy:
     """Factory for ``--policy``: a batch-capable constant policy."""
-    return ConstantBatchPolicy(action_horizon, action_dim, delay_ms=delay_ms, spec=libero_input_spec() if libero_spec else None)
+    return ConstantBatchPolicy(
+        action_horizon, action_dim, delay_ms=delay_ms, spec=libero_input_spec() if libero_spec else None
+    )
 
 
 def constant_unbatched(
     action_horizon: int = 10, action_dim: int = 7, delay_ms: float = 0.0, libero_spec: bool = False
 ) -> ConstantPolicy:
     """Factory for ``--policy``: a constant policy without batch support (called per request)."""
-    return ConstantPolicy(action_horizon, action_dim, delay_ms=delay_ms, spec=libero_input_spec() if libero_spec else None)
+    return ConstantPolicy(
+        action_horizon, action_dim, delay_ms=delay_ms, spec=libero_input_spec() if libero_spec else None
+    )

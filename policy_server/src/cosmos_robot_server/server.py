@@ -16,7 +16,6 @@ import threading
 from typing import Any
 
 from cosmos_robot_client.base_policy import BasePolicy
-
 from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.core import ServingCore
 from cosmos_robot_server.metrics import Metrics
@@ -83,6 +82,8 @@ class PolicyServer:
         await self.core.start()
         for name in self.config.transports:
             transport = _make_transport(name, self.core, self.config)
+            if hasattr(transport, "on_kill"):  # GR00T's `kill` (when enabled) stops the whole server
+                transport.on_kill = self.stop
             self.ports[name] = await transport.start()
             self._transports.append(transport)
         self.core.ready = True
@@ -93,7 +94,7 @@ class PolicyServer:
         for transport in reversed(self._transports):
             try:
                 await transport.stop()
-            except Exception:  # noqa: BLE001 - keep closing the others
+            except Exception:
                 log.exception("error while stopping %s transport", transport.name)
         self._transports.clear()
         await self.core.stop()

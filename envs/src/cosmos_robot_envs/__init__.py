@@ -1,0 +1,1 @@
+"""cosmos-robot-envs: Gymnasium robot envs, the vector layer and headless evaluation."""
