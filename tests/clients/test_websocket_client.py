@@ -52,6 +52,10 @@ def closed_port() -> int:
 class SlowWhenAsked(ConstantPolicy):
     """Sleeps ``obs["sleep_s"]`` seconds; stands in for a slow (e.g. cold) model call."""
 
+    @property
+    def cheap_inference(self) -> bool:
+        return False  # a model stand-in: must run on the worker thread
+
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         time.sleep(float(obs.get("sleep_s", 0.0)))
         return super().infer(obs)

@@ -29,7 +29,7 @@ async def _with_batcher(policy: BasePolicy, fn: Any, **kw: Any) -> Any:
 
 
 def test_concurrent_clients_share_one_call() -> None:
-    policy = ConstantBatchPolicy(4, 2)
+    policy = ConstantBatchPolicy(4, 2, delay_ms=1)  # not cheap: goes through the queue
 
     async def go(b: DynamicBatcher) -> list[Any]:
         return await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(8)))
@@ -40,7 +40,7 @@ def test_concurrent_clients_share_one_call() -> None:
 
 
 def test_max_batch_size_caps_a_call() -> None:
-    policy = ConstantBatchPolicy(4, 2)
+    policy = ConstantBatchPolicy(4, 2, delay_ms=1)  # not cheap: goes through the queue
 
     async def go(b: DynamicBatcher) -> None:
         await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(10)))
@@ -64,7 +64,7 @@ def test_lone_client_does_not_wait_for_max_wait() -> None:
 
 
 def test_different_structures_are_separate_calls() -> None:
-    policy = ConstantBatchPolicy(4, 2)
+    policy = ConstantBatchPolicy(4, 2, delay_ms=1)  # not cheap: goes through the queue
 
     async def go(b: DynamicBatcher) -> None:
         await asyncio.gather(*(b.submit(obs(3 if i % 2 else 5), f"c{i}") for i in range(6)))
@@ -186,3 +186,20 @@ def test_lockstep_clients_fill_batches_even_when_arriving_staggered() -> None:
     # (the last rounds may split when a client has finished its loop before the others)
     assert policy.batch_sizes.count(4) >= 5, policy.batch_sizes
     assert sum(policy.batch_sizes) == 32
+
+
+def test_cheap_policy_runs_inline_and_falls_back_when_slow() -> None:
+    policy = ConstantBatchPolicy(4, 2)
+    assert policy.cheap_inference
+
+    async def go(b: DynamicBatcher) -> list[Any]:
+        assert b.inline
+        out = [await b.submit(obs(), "solo") for _ in range(3)]
+        policy.delay_s = 0.02  # now it lies about being cheap
+        out.append(await b.submit(obs(), "solo"))
+        assert not b.inline  # moved to the worker thread after the slow call
+        out.append(await b.submit(obs(), "solo"))
+        return out
+
+    results = asyncio.run(_with_batcher(policy, go))
+    assert all(r[0]["actions"].shape == (4, 2) for r in results)

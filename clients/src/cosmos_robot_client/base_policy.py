@@ -41,6 +41,15 @@ class BasePolicy(abc.ABC):
         """The observation keys, shapes and dtypes this policy accepts; ``None`` accepts anything."""
         return None
 
+    @property
+    def cheap_inference(self) -> bool:
+        """True only if ``infer`` takes microseconds and never blocks (scripted or constant policies).
+
+        A server may then call it on its event loop instead of a worker thread. Models must leave
+        this False: a slow call on the loop would stall every connection.
+        """
+        return False
+
 
 class BatchPolicy(BasePolicy):
     """A policy that can answer many observations in one call (one forward pass on a GPU).

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from cosmos_robot_client.base_policy import BasePolicy, supports_batch
 from cosmos_robot_client.spec import ObservationError
@@ -22,6 +22,7 @@ from cosmos_robot_server.metrics import Metrics
 
 __all__ = ["PROTOCOL_KEYS", "PolicyError", "RequestError", "ServingCore"]
 
+T = TypeVar("T")
 PROTOCOL_KEYS = frozenset({"endpoint", "session_id"})  # RoboArena / vllm-omni request envelope fields
 PROTOCOL_VERSION = 1
 
@@ -147,17 +148,7 @@ class ServingCore:
                 self._count(transport, "bad_request")
                 raise RequestError(f"batch[{i}]: {exc}") from exc
         t0 = time.perf_counter()
-        # The batcher must not expect this client (busy with this batch) nor its per-item ids later:
-        # otherwise a following single request, or a smaller batch, waits max_wait_ms for phantoms.
-        sub_ids = [f"{client_id}#{i}" for i in range(len(cleans))]
-        self.batcher.forget(client_id)
-        try:
-            outs = await asyncio.gather(
-                *(self._submit(c, s) for c, s in zip(cleans, sub_ids, strict=True)), return_exceptions=True
-            )
-        finally:
-            for sub_id in sub_ids:
-                self.batcher.forget(sub_id)
+        outs = await self._with_timeout(self.batcher.submit_many(cleans, client_id))
         replies = []
         for i, out in enumerate(outs):
             if isinstance(out, BaseException):
@@ -176,7 +167,9 @@ class ServingCore:
         self.batcher.forget(client_id)
 
     async def _submit(self, obs: dict[str, Any], client_id: str) -> tuple[dict[str, Any], Timing]:
-        coro = self.batcher.submit(obs, client_id)
+        return await self._with_timeout(self.batcher.submit(obs, client_id))
+
+    async def _with_timeout(self, coro: Awaitable[T]) -> T:
         if self.config.request_timeout_s is None:
             return await coro
         try:

@@ -64,6 +64,10 @@ class ConstantPolicy(BasePolicy):
     def input_spec(self) -> InputSpec | None:
         return self._spec
 
+    @property
+    def cheap_inference(self) -> bool:
+        return self.delay_s == 0  # a numpy fill: safe to run on the server's event loop
+
     def _chunk(self) -> np.ndarray:
         return np.full((self.action_horizon, self.action_dim), self.value, dtype=np.float32)
 
