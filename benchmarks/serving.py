@@ -37,7 +37,7 @@ from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPo
 port, delay, batched = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
 cls = ConstantBatchPolicy if batched else ConstantPolicy
 policy = cls(10, 7, delay_ms=delay, spec=libero_input_spec())
-PolicyServer(policy, ServerConfig(port=port, transports=("ws",), max_batch_size=16, max_wait_ms=3.0)).serve_forever()
+PolicyServer(policy, ServerConfig(port=port, transports=("ws",))).serve_forever()  # defaults
 """
 
 OPENPI = """

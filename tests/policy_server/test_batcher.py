@@ -203,3 +203,21 @@ def test_cheap_policy_runs_inline_and_falls_back_when_slow() -> None:
 
     results = asyncio.run(_with_batcher(policy, go))
     assert all(r[0]["actions"].shape == (4, 2) for r in results)
+
+
+def test_request_queued_during_a_call_waits_for_its_prompt_peers() -> None:
+    """Regression: one straggler used to leave alone each round, so batches went 3, 1, 3, 1."""
+    policy = ConstantBatchPolicy(4, 2, delay_ms=20)
+
+    async def go(b: DynamicBatcher) -> None:
+        async def client(i: int) -> None:
+            if i == 3:
+                await asyncio.sleep(0.01)  # starts out of phase: lands while the others' call runs
+            for _ in range(10):
+                await asyncio.sleep(0.001)
+                await b.submit(obs(), f"env{i}")
+
+        await asyncio.gather(*(client(i) for i in range(4)))
+
+    asyncio.run(_with_batcher(policy, go, max_wait_ms=15))
+    assert policy.batch_sizes.count(4) >= 5, policy.batch_sizes

@@ -114,6 +114,7 @@ class DynamicBatcher:
         self.inline = bool(getattr(policy, "cheap_inference", False))
         self._loop_thread: int | None = None
         self._busy = False
+        self._free_since = 0.0  # when the last policy call ended
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -200,7 +201,10 @@ class DynamicBatcher:
         assert self._queue is not None
         first = await self._queue.get()
         batch = [first]
-        deadline = first.t_enqueue + self.max_wait_s
+        # The window opens when the policy became free, not when `first` was queued: a request that
+        # arrived during the previous call would otherwise leave at once, alone, while its peers
+        # arrive a moment later -- batches would alternate (3, 1, 3, 1) instead of filling.
+        deadline = max(first.t_enqueue, self._free_since) + self.max_wait_s
         while len(batch) < self.max_batch_size:
             try:
                 batch.append(self._queue.get_nowait())
@@ -232,6 +236,7 @@ class DynamicBatcher:
                         await loop.run_in_executor(self._executor, self._execute, loop, live)
                 finally:
                     self._busy = False
+                    self._free_since = time.perf_counter()
 
     def _execute_inline(self, group: list[_Item]) -> None:
         t0 = time.perf_counter()

@@ -43,7 +43,7 @@ BOWL_RADIUS = 0.07  # m, wall centre radius
 BOWL_INNER_RADIUS = 0.064  # m, free radius inside the walls
 BOWL_WALL_TOP = 0.05  # m above the table
 DRAWER_RANGE = (0.0, 0.16)  # m of travel
-HANDLE_OFFSET = np.array([0.045, 0.0, 0.07])  # handle bar centre in the drawer frame (front face at x=0)
+HANDLE_OFFSET = np.array([0.05, 0.0, 0.07])  # handle bar centre in the drawer frame (front face at x=0)
 
 _STATIC = 'contype="1" conaffinity="2"'
 _MOVING = 'contype="2" conaffinity="3"'

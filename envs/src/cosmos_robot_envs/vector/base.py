@@ -157,7 +157,8 @@ class BatchedEnv(ABC):
                 rewards[i], terminated[i], truncated[i] = outcome.reward, outcome.terminated, outcome.truncated
                 infos[i] = outcome.info
                 if outcome.terminated or outcome.truncated:
-                    self._blocked[i] = "its episode ended (" + ("terminated" if outcome.terminated else "truncated") + ")"
+                    how = "terminated" if outcome.terminated else "truncated"
+                    self._blocked[i] = f"its episode ended ({how})"
             else:
                 self._restore_row(i)
                 truncated[i] = True
@@ -202,7 +203,9 @@ class BatchedEnv(ABC):
             return [values[i] for i in idx]
         if len(values) == len(idx):
             return values
-        raise ValueError(f"{name} has {len(values)} entries; expected num_envs={self.num_envs} or one per selected env ({len(idx)})")
+        raise ValueError(
+            f"{name} has {len(values)} entries; expected num_envs={self.num_envs} or one per selected env ({len(idx)})"
+        )
 
     def _write_row(self, i: int, reply: EnvReply) -> None:
         arrays = self._obs_arrays()

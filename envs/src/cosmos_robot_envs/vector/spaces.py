@@ -91,7 +91,9 @@ class ObsLayout:
         expected = set(self.arrays) | set(self.texts)
         if set(obs) != expected:
             missing, extra = sorted(expected - set(obs)), sorted(set(obs) - expected)
-            raise KeyError(f"env {env_index}: observation keys differ from its space (missing {missing}, extra {extra})")
+            raise KeyError(
+                f"env {env_index}: observation keys differ from its space (missing {missing}, extra {extra})"
+            )
         arrays = {k: _as_array(obs[k], f, f"observation[{k!r}]", env_index) for k, f in self.arrays.items()}
         texts = {k: _as_text(obs[k], f"observation[{k!r}]", env_index) for k in self.texts}
         return arrays, texts
@@ -151,8 +153,10 @@ def space_to_data(space: spaces.Space[Any]) -> dict[str, Any]:
         }
     if isinstance(space, spaces.Dict):
         return {"type": "Dict", "spaces": [[k, space_to_data(s)] for k, s in space.spaces.items()]}
-    raise TypeError(f"space {type(space).__name__} cannot be described; use Box, Discrete, MultiBinary, "
-                    "MultiDiscrete, Text or a Dict of those")
+    raise TypeError(
+        f"space {type(space).__name__} cannot be described; use Box, Discrete, MultiBinary, "
+        "MultiDiscrete, Text or a Dict of those"
+    )
 
 
 def space_from_data(data: Mapping[str, Any]) -> spaces.Space[Any]:
@@ -163,8 +167,9 @@ def space_from_data(data: Mapping[str, Any]) -> spaces.Space[Any]:
     if kind == "Discrete":
         return spaces.Discrete(data["n"], start=data["start"], dtype=np.dtype(data["dtype"]).type)
     if kind == "MultiDiscrete":
-        return spaces.MultiDiscrete(np.asarray(data["nvec"]), dtype=np.dtype(data["dtype"]).type,
-                                    start=np.asarray(data["start"]))
+        return spaces.MultiDiscrete(
+            np.asarray(data["nvec"]), dtype=np.dtype(data["dtype"]).type, start=np.asarray(data["start"])
+        )
     if kind == "MultiBinary":
         return spaces.MultiBinary(data["n"])
     if kind == "Text":

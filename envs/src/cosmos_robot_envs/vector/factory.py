@@ -1,0 +1,119 @@
+"""One entry point, :func:`make_vector_env`, and env factories that travel to workers as plain data.
+
+Why an ``EnvFactory`` dataclass: a worker process or Ray actor needs a callable that builds its env.
+An env id plus keyword arguments is data (no code), so it crosses to a ``spawn``/``forkserver`` worker
+by reference, and the worker imports the module that registers the id (gymnasium ids such as
+``gym_pusht/PushT-v0`` only exist after their package is imported).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gymnasium as gym
+
+from cosmos_robot_envs.vector.base import BatchedEnv
+from cosmos_robot_envs.vector.runner import EnvFn
+
+__all__ = ["EnvFactory", "Mode", "make_vector_env"]
+
+Mode = Literal["sync", "async", "ray"]
+
+# gymnasium namespaces whose registering module is not the namespace itself
+_NAMESPACE_MODULES = {"CosmosRobot": "cosmos_robot_envs.tabletop"}
+
+
+@dataclass(frozen=True)
+class EnvFactory:
+    """``gymnasium.make(env_id, **kwargs)``, importing the package that registers ``env_id`` first."""
+
+    env_id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> gym.Env[Any, Any]:
+        env_id = self.env_id
+        if ":" not in env_id and "/" in env_id:
+            namespace = env_id.split("/", 1)[0]
+            if namespace not in {spec.namespace for spec in gym.registry.values()}:
+                module = _NAMESPACE_MODULES.get(namespace, namespace)
+                try:
+                    importlib.import_module(module)
+                except ImportError as exc:
+                    raise gym.error.NamespaceNotFound(
+                        f"env id {env_id!r}: namespace {namespace!r} is not registered and module {module!r} "
+                        f"cannot be imported ({exc})"
+                    ) from exc
+        return gym.make(env_id, **self.kwargs)
+
+
+def make_vector_env(
+    env: str | EnvFn | Sequence[EnvFn],
+    num_envs: int | None = None,
+    mode: Mode = "sync",
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    step_timeout: float | None = 60.0,
+    reset_timeout: float | None = 120.0,
+    start_method: str | None = None,
+    ray_actor_options: dict[str, Any] | None = None,
+) -> BatchedEnv:
+    """Build ``num_envs`` envs behind one :class:`BatchedEnv`.
+
+    ``env``: a gymnasium id (with ``env_kwargs``), one factory used for every env, or one factory per
+    env. ``mode``: ``"sync"`` (in-process), ``"async"`` (a process per env, shared memory, crash and
+    hang recovery) or ``"ray"`` (a Ray actor per env). ``step_timeout`` / ``reset_timeout``: seconds
+    before a silent worker counts as hung (None waits forever; ignored by ``"sync"``);
+    ``reset_timeout`` also bounds a worker's start-up. ``start_method``: ``"forkserver"`` (default on
+    Linux) or ``"spawn"`` for ``"async"``. ``ray_actor_options``: passed to ``ray.remote`` (default
+    ``{"num_cpus": 1}``).
+
+    Example::
+
+        venv = make_vector_env("CartPole-v1", num_envs=4, mode="async")
+        obs, infos = venv.reset(seeds=0)
+        obs, rewards, terminated, truncated, infos = venv.step(venv.action_space.sample())
+        obs, infos = venv.reset(seeds=100, mask=terminated | truncated)  # only the finished envs
+    """
+    fns = _env_fns(env, num_envs, env_kwargs)
+    if mode == "sync":
+        from cosmos_robot_envs.vector.sync import SyncBatchedEnv
+
+        return SyncBatchedEnv(fns)
+    if mode == "async":
+        from cosmos_robot_envs.vector.subproc import AsyncBatchedEnv
+
+        return AsyncBatchedEnv(fns, step_timeout=step_timeout, reset_timeout=reset_timeout, start_method=start_method)
+    if mode == "ray":
+        from cosmos_robot_envs.vector.ray_env import RayBatchedEnv
+
+        return RayBatchedEnv(
+            fns, step_timeout=step_timeout, reset_timeout=reset_timeout, actor_options=ray_actor_options
+        )
+    raise ValueError(f"mode must be 'sync', 'async' or 'ray', got {mode!r}")
+
+
+def _env_fns(
+    env: str | EnvFn | Sequence[EnvFn], num_envs: int | None, env_kwargs: dict[str, Any] | None
+) -> list[EnvFn]:
+    if num_envs is not None and num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if isinstance(env, str):
+        if num_envs is None:
+            raise ValueError("num_envs is required when env is an id string")
+        return [EnvFactory(env, dict(env_kwargs or {}))] * num_envs
+    if env_kwargs:
+        raise ValueError("env_kwargs only applies to an env id string; bind them into your factory instead")
+    if callable(env):
+        if num_envs is None:
+            raise ValueError("num_envs is required when env is a single factory")
+        one: Callable[[], gym.Env[Any, Any]] = env
+        return [one] * num_envs
+    fns = list(env)
+    if num_envs is not None and num_envs != len(fns):
+        raise ValueError(f"num_envs={num_envs} but {len(fns)} env factories were given")
+    if not all(callable(f) for f in fns):
+        raise TypeError("env must be an id string, a factory, or a sequence of factories")
+    return fns
