@@ -16,7 +16,7 @@ export PYOPENGL_PLATFORM ?= egl
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export COSMOS_ROBOT_REQUIRE_OPENPI := 1
 PIP_QUIET := -q
-PROJECT_FILES := pyproject.toml clients/pyproject.toml policy_server/pyproject.toml
+PROJECT_FILES := pyproject.toml clients/pyproject.toml policy_server/pyproject.toml envs/pyproject.toml
 
 .PHONY: help setup test test-fast test-py310 lint format typecheck demo bench clean system-deps
 
@@ -33,7 +33,7 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@echo "setup: $(VENV) with $(PY312)"
 	@test -x $(PY) || $(PY312) -m venv $(VENV)
 	@$(PY) -m pip install $(PIP_QUIET) --upgrade pip
-	@$(PY) -m pip install $(PIP_QUIET) -e clients -e policy_server -e ".[dev]"
+	@$(PY) -m pip install $(PIP_QUIET) -e clients -e policy_server -e "envs[ray,pusht]" -e ".[dev]"
 	@touch $@
 
 # The real openpi-client / openpi-server from PyPI pin numpy<2, so they get a venv of their own.
@@ -46,12 +46,12 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@touch $@
 
 # The torch-free packages promise Python 3.10+: their tests run again there.
-.venv-py310/.installed: clients/pyproject.toml policy_server/pyproject.toml
+.venv-py310/.installed: clients/pyproject.toml policy_server/pyproject.toml envs/pyproject.toml
 	@if [ "$(PY310)" = MISSING ]; then scripts/find_python.sh 3.10; exit 1; fi
 	@echo "setup: .venv-py310 with $(PY310)"
 	@test -x .venv-py310/bin/python || $(PY310) -m venv .venv-py310
 	@.venv-py310/bin/python -m pip install $(PIP_QUIET) --upgrade pip
-	@.venv-py310/bin/python -m pip install $(PIP_QUIET) -e clients -e policy_server pytest pytest-timeout msgpack-numpy
+	@.venv-py310/bin/python -m pip install $(PIP_QUIET) -e clients -e policy_server -e envs pytest pytest-timeout msgpack-numpy
 	@touch $@
 
 setup: system-deps $(VENV)/.installed .venv-openpi/.installed .venv-py310/.installed
@@ -68,7 +68,7 @@ typecheck: $(VENV)/.installed
 	$(VENV)/bin/mypy
 
 test-py310: .venv-py310/.installed
-	.venv-py310/bin/python -m pytest -q -p no:cacheprovider tests/clients tests/policy_server tests/test_architecture.py
+	.venv-py310/bin/python -m pytest -q -p no:cacheprovider -m "not slow" tests/clients tests/policy_server tests/envs tests/test_architecture.py
 
 test: setup lint typecheck
 	$(PY) -m pytest -q

@@ -23,15 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
-from cosmos_robot_client.zmq_client_policy import ZmqClientPolicy
-from cosmos_robot_server import PolicyServer, ServerConfig
-from cosmos_robot_server.example_policies import ConstantBatchPolicy, libero_input_spec
 from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
 from cosmos_robot.probe import latency_summary
+from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
+from cosmos_robot_client.zmq_client_policy import ZmqClientPolicy
+from cosmos_robot_server import PolicyServer, ServerConfig
+from cosmos_robot_server.example_policies import ConstantBatchPolicy, libero_input_spec
 
 REPO = Path(__file__).resolve().parents[1]
 OPENPI_PY = REPO / ".venv-openpi" / "bin" / "python"

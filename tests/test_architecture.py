@@ -14,11 +14,13 @@ REPO = Path(__file__).resolve().parents[1]
 TORCH_FREE = {
     "cosmos_robot_client": REPO / "clients" / "src" / "cosmos_robot_client",
     "cosmos_robot_server": REPO / "policy_server" / "src" / "cosmos_robot_server",
+    "cosmos_robot_envs": REPO / "envs" / "src" / "cosmos_robot_envs",
 }
 # what each component may import from the project (its own package plus those below it)
 ALLOWED = {
     "cosmos_robot_client": {"cosmos_robot_client"},
     "cosmos_robot_server": {"cosmos_robot_client", "cosmos_robot_server"},
+    "cosmos_robot_envs": {"cosmos_robot_client", "cosmos_robot_envs"},
 }
 HEAVY = ("torch", "transformers", "diffusers", "lerobot", "jax", "tensorflow")
 

@@ -19,8 +19,10 @@ request. A policy that declares ``cheap_inference`` (scripted, constant or looku
 answer in microseconds) is called on the event loop itself, saving the two thread hops
 (~0.2-0.4 ms) that would otherwise dominate its latency; a lone client's request then skips the
 queue too. Should such a call ever take longer than ``_INLINE_LIMIT_S``, the policy is moved to
-the worker thread for good, so a wrong declaration cannot stall the loop twice. If a batched call raises, the group is retried one by one so only the offending request
-fails and the others are still answered.
+the worker thread for good, so a wrong declaration cannot stall the loop twice.
+
+If a batched call raises, the group is retried one by one so only the offending request fails
+and the others are still answered.
 """
 
 from __future__ import annotations
@@ -245,7 +247,8 @@ class DynamicBatcher:
         if self.inline and took > _INLINE_LIMIT_S * max(1, len(group)):
             self.inline = False
             log.warning(
-                "policy %s declares cheap_inference but a call took %.1f ms; running it on the worker thread from now on",
+                "policy %s declares cheap_inference but a call took %.1f ms; "
+                "running it on the worker thread from now on",
                 type(self.policy).__name__,
                 took * 1000,
             )

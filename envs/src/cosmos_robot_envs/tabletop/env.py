@@ -164,7 +164,7 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
         truncated = not success and self._steps >= self.max_steps
         return self._observation(), float(success), success, truncated, self._info(success)
 
-    def render(self) -> np.ndarray | None:  # type: ignore[override]
+    def render(self) -> np.ndarray | None:
         """The agent-view camera (upright RGB, the observation's size) when ``render_mode='rgb_array'``."""
         if self.render_mode is None:
             gym.logger.warn("render() called with render_mode=None; pass render_mode='rgb_array' to the env")

@@ -17,9 +17,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from cosmos_robot_envs.tabletop.rotations import axis_angle_to_quat, quat_conj, quat_mul, quat_to_axis_angle, yaw_of
-from cosmos_robot_envs.tabletop.rotations import yaw_quat
+from cosmos_robot_envs.tabletop.rotations import (
+    axis_angle_to_quat,
+    quat_conj,
+    quat_mul,
+    quat_to_axis_angle,
+    yaw_of,
+    yaw_quat,
+)
 from cosmos_robot_envs.tabletop.scene import CUBE_HALF, HANDLE_OFFSET
 from cosmos_robot_envs.tabletop.sim import MAX_POS_STEP, MAX_ROT_STEP
 from cosmos_robot_envs.tabletop.task_logic import DRAWER_SUCCESS_OPENING
@@ -56,7 +63,7 @@ def read_expert_inputs(obs: Mapping[str, Any], info: Mapping[str, Any] | None = 
     return found["state"], found["object_state"]
 
 
-def _move(eef: np.ndarray, target: np.ndarray, speed: float = MAX_SPEED) -> np.ndarray:
+def _move(eef: np.ndarray, target: ArrayLike, speed: float = MAX_SPEED) -> np.ndarray:
     delta = np.asarray(target, dtype=np.float64) - eef
     norm = float(np.linalg.norm(delta))
     if norm > speed:

@@ -90,29 +90,33 @@ def _bowl_geoms() -> str:
 
 def build_scene_xml(height: int = 128, width: int = 128) -> str:
     """The full MJCF; ``height``/``width`` size the offscreen buffer (kept small for software GL)."""
-    cam_pos = np.array([0.62, 0.0, 0.52])
-    agent_axes = _look_at(cam_pos, np.array([-0.08, 0.0, 0.0]))
+    cam_pos = np.array([0.42, 0.0, 0.38])
+    agent_axes = _look_at(cam_pos, np.array([-0.08, 0.0, 0.02]))
+    wrist_pos = np.array([0.06, 0.0, -0.01])
+    wrist_axes = _look_at(wrist_pos, np.array([0.0, 0.0, -0.1]))
     f_lo, f_hi = FINGER_RANGE
     d_lo, d_hi = DRAWER_RANGE
     hx, hy, hz = HANDLE_OFFSET
     return f"""
 <mujoco model="cosmos_tabletop">
   <compiler angle="radian" autolimits="true"/>
+  <statistic extent="1" center="0 0 0.1"/>
   <option timestep="{PHYSICS_DT}" integrator="implicitfast"/>
   <visual>
     <global offwidth="{width}" offheight="{height}"/>
     <quality shadowsize="0" offsamples="0"/>
-    <headlight ambient="0.35 0.35 0.35" diffuse="0.45 0.45 0.45" specular="0 0 0"/>
-    <map znear="0.01"/>
+    <headlight ambient="0.3 0.3 0.3" diffuse="0.35 0.35 0.35" specular="0 0 0"/>
+    <map znear="0.004" zfar="20"/>
   </visual>
   <default>
     <geom friction="1.0 0.005 0.0001" solref="0.005 1"/>
   </default>
   <worldbody>
-    <light directional="true" castshadow="false" pos="0 0 2" dir="0.3 0.2 -1" diffuse="0.5 0.5 0.5"/>
+    <light directional="true" castshadow="false" pos="0 0 2" dir="0.3 0.2 -1" diffuse="0.4 0.4 0.4"
+      specular="0 0 0"/>
     <geom name="floor" type="plane" size="0 0 0.05" pos="0 0 -0.8" rgba="{COLORS["floor"]}" {_STATIC}/>
     <geom name="table" type="box" size="0.5 0.6 0.4" pos="0 0 -0.4" rgba="{COLORS["table"]}" {_STATIC}/>
-    <camera name="agentview" pos="{cam_pos[0]} {cam_pos[1]} {cam_pos[2]}" xyaxes="{agent_axes}" fovy="50"/>
+    <camera name="agentview" pos="{cam_pos[0]} {cam_pos[1]} {cam_pos[2]}" xyaxes="{agent_axes}" fovy="45"/>
 
     <body name="hand_mocap" mocap="true" pos="0 0 0.3"/>
     <body name="hand" pos="0 0 0.3" gravcomp="1">
@@ -120,7 +124,7 @@ def build_scene_xml(height: int = 128, width: int = 128) -> str:
       <geom name="palm" type="box" size="0.02 0.055 0.012" mass="0.4" rgba="{COLORS["palm"]}" {_MOVING}/>
       <geom name="wrist" type="cylinder" size="0.022 0.035" pos="0 0 0.047" mass="0.1" rgba="{COLORS["palm"]}"
         {_VISUAL}/>
-      <camera name="wrist" pos="0 0 -0.013" xyaxes="0 1 0 -1 0 0" fovy="75"/>
+      <camera name="wrist" pos="{wrist_pos[0]} {wrist_pos[1]} {wrist_pos[2]}" xyaxes="{wrist_axes}" fovy="65"/>
       <site name="eef" pos="0 0 {EEF_OFFSET}" size="0.004" rgba="1 1 1 0" group="5"/>
       <body name="finger_left" pos="0 0.006 -0.037" gravcomp="1">
         <joint name="finger_left" type="slide" axis="0 1 0" range="{f_lo} {f_hi}" damping="5" armature="0.01"/>

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import mujoco
 import numpy as np
+
 from cosmos_robot_envs.tabletop.rotations import axis_angle_to_quat, quat_mul, quat_to_axis_angle, quat_to_mat, yaw_quat
 from cosmos_robot_envs.tabletop.scene import (
     CUBE_HALF,

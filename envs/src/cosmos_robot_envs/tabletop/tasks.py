@@ -61,7 +61,7 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             "push",
             "push the blue cube to the green goal",
-            200,
+            160,
             "CosmosRobot/Push-v0",
             "slide the blue cube until its centre is within 4 cm of the green disc's centre",
         ),
@@ -75,7 +75,7 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             "open_drawer",
             "open the drawer",
-            150,
+            120,
             "CosmosRobot/OpenDrawer-v0",
             "pull the drawer out by at least 12 cm",
         ),

@@ -215,9 +215,7 @@ class AsyncBatchedEnv(BatchedEnv):
                 del pending[i]
         for i, what in pending.items():
             pid = self._workers[i].pid
-            outcomes[i] = Failure(
-                WORKER_TIMEOUT, f"env {i}: worker {pid} gave no reply to {what!r} within {timeout} s"
-            )
+            outcomes[i] = Failure(WORKER_TIMEOUT, f"env {i}: worker {pid} gave no reply to {what!r} within {timeout} s")
         return outcomes
 
     def _receive(self, i: int) -> Outcome | None:

@@ -33,27 +33,25 @@ class SyncBatchedEnv(BatchedEnv):
         try:
             for i, fn in enumerate(self._env_fns):
                 self._runners.append(EnvRunner(fn, i))
+            first = self._runners[0]
+            assert first is not None
+            for i, runner in enumerate(self._runners):
+                assert runner is not None
+                for name in ("observation_space", "action_space"):
+                    if getattr(runner.env, name) != getattr(first.env, name):
+                        raise ValueError(f"env {i} has a different {name} than env 0; all envs must match")
+            super().__init__(
+                len(env_fns),
+                first.env.observation_space,
+                first.env.action_space,
+                step_timeout=step_timeout,
+                reset_timeout=reset_timeout,
+            )
         except BaseException:
             self._close()
             raise
-        first = self._runners[0]
-        assert first is not None
-        for i, runner in enumerate(self._runners):
-            assert runner is not None
-            for name in ("observation_space", "action_space"):
-                if getattr(runner.env, name) != getattr(first.env, name):
-                    self._close()
-                    raise ValueError(f"env {i} has a different {name} than env 0; all envs must match")
-        super().__init__(
-            len(env_fns),
-            first.env.observation_space,
-            first.env.action_space,
-            step_timeout=step_timeout,
-            reset_timeout=reset_timeout,
-        )
-        self._arrays = {
-            k: np.zeros((self.num_envs, *f.shape), dtype=f.dtype) for k, f in self.obs_layout.arrays.items()
-        }
+        n = self.num_envs
+        self._arrays = {k: np.zeros((n, *f.shape), dtype=f.dtype) for k, f in self.obs_layout.arrays.items()}
 
     @property
     def envs(self) -> list[EnvRunner | None]:

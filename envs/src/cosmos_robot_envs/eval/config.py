@@ -1,0 +1,113 @@
+"""What one evaluation run is: its config, its episode schedule and how each episode's seed is made.
+
+Why seeds come from a hash of ``(seed, task, episode index)`` rather than a counter: an episode's
+seed must not depend on how many tasks or episodes the run has, on the task order or on which env
+slot ran it. Then ``push`` episode 3 is the same scene whether the run asks for 5 or 50 episodes
+per task, a resumed run replays exactly the episodes it skipped, and 1, 4 or 16 envs give the same
+per-episode outcomes for a deterministic policy.
+
+``episode_seed(seed, task, index)`` is the first 4 bytes (big-endian) of
+``sha256(f"{seed}/{task}/{index}")``, masked to 31 bits (valid for any numpy / gymnasium seeding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = ["RUNTIME_FIELDS", "EpisodeSpec", "EvalConfig", "build_schedule", "config_mismatch", "episode_seed"]
+
+VECTOR_MODES = ("sync", "async")
+
+# Fields that change how fast a run goes but not what any episode does: a resumed run may change them.
+RUNTIME_FIELDS = frozenset({"num_envs", "vector_mode", "batch_requests"})
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """One evaluation run. Saved as ``config.json`` in the output folder; a resume must match it."""
+
+    policy: str  # what is evaluated: "ws://host:port" or "module:factory" (identity for resume checks)
+    policy_args: dict[str, Any] = field(default_factory=dict)  # --policy-arg values of an in-process factory
+    suite: str = "tabletop"  # env suite name (see suites.py)
+    tasks: tuple[str, ...] = ()  # task names of the suite, in report order; empty = every task
+    episodes_per_task: int = 10  # episodes per task
+    num_envs: int = 4  # envs stepped in lockstep (one batched policy request per control step)
+    replan_steps: int = 5  # actions executed open-loop from each chunk before asking again
+    seed: int = 0  # base seed; each episode's seed is episode_seed(seed, task, index)
+    image_size: int = 128  # camera images are image_size x image_size pixels
+    vector_mode: str = "sync"  # "sync" (in-process) or "async" (one worker process per env)
+    video_episodes: int = 0  # record an MP4 for episodes 0 .. video_episodes-1 of every task
+    max_steps: int | None = None  # override every task's horizon (control steps); None = the task's own
+    batch_requests: bool = True  # one request for all envs needing a chunk; False = one request per env
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        positive = ("episodes_per_task", "num_envs", "replan_steps", "image_size")
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"EvalConfig.{name}: expected an int >= 1, got {value!r}")
+        if self.video_episodes < 0:
+            raise ValueError(f"EvalConfig.video_episodes: expected >= 0, got {self.video_episodes}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"EvalConfig.max_steps: expected >= 1 or None, got {self.max_steps}")
+        if self.vector_mode not in VECTOR_MODES:
+            raise ValueError(f"EvalConfig.vector_mode: expected one of {VECTOR_MODES}, got {self.vector_mode!r}")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"EvalConfig.tasks: duplicate task names in {list(self.tasks)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["tasks"] = list(self.tasks)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"saved eval config has unknown field(s) {unknown}")
+        return cls(**{**data, "tasks": tuple(data.get("tasks", ()))})
+
+
+def config_mismatch(saved: dict[str, Any], current: EvalConfig) -> list[str]:
+    """The fields (other than RUNTIME_FIELDS) whose saved value differs, as ``name: saved -> current``."""
+    now = current.to_dict()
+    diffs = []
+    for name in sorted(set(saved) | set(now)):
+        if name in RUNTIME_FIELDS:
+            continue
+        if saved.get(name) != now.get(name):
+            diffs.append(f"{name}: saved {saved.get(name)!r}, now {now.get(name)!r}")
+    return diffs
+
+
+def episode_seed(seed: int, task: str, index: int) -> int:
+    """The reset seed of episode ``index`` of ``task`` (see the module docstring)."""
+    digest = hashlib.sha256(f"{seed}/{task}/{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One scheduled episode."""
+
+    task: str
+    index: int  # episode index within its task
+    seed: int
+    video: bool  # record an MP4 of it
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.task, self.index)
+
+
+def build_schedule(config: EvalConfig, tasks: tuple[str, ...]) -> list[EpisodeSpec]:
+    """Episodes in run order: episode 0 of every task, then episode 1, ... (so early results cover all tasks)."""
+    return [
+        EpisodeSpec(task, i, episode_seed(config.seed, task, i), i < config.video_episodes)
+        for i in range(config.episodes_per_task)
+        for task in tasks
+    ]

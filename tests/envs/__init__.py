@@ -1,0 +1,1 @@
+"""Tests for cosmos_robot_envs."""
