@@ -107,19 +107,19 @@ def _assert_same(a: Any, b: Any) -> None:
 @pytest.mark.parametrize("env", [TabletopLikeEnv, "CartPole-v1", "Pendulum-v1"])
 def test_sync_and_async_give_identical_trajectories(env: Any) -> None:
     """Same seeds, same actions: bit-identical observations, rewards and flags, through episode ends."""
-    kwargs = {"options": {"max_steps": 7}} if env is TabletopLikeEnv else {}
+    options = {"max_steps": 7} if env is TabletopLikeEnv else None
     with make_vector_env(env, 3, "sync") as sync, make_vector_env(env, 3, "async") as asyn:
         space = sync.single_action_space
         space.seed(0)
         acts = [np.stack([space.sample() for _ in range(3)]) for _ in range(25)]
         traces = []
         for venv in (sync, asyn):
-            trace = [venv.reset(seeds=[3, 11, 3], **kwargs)[0]]
+            trace = [venv.reset(seeds=[3, 11, 3], options=options)[0]]
             for act in acts:
                 obs, rew, term, trunc, _ = venv.step(act)
                 trace.append((obs, rew, term, trunc))
                 if (done := term | trunc).any():
-                    trace.append(venv.reset(seeds=100, mask=done, **kwargs)[0])
+                    trace.append(venv.reset(seeds=100, mask=done, options=options)[0])
             traces.append(trace)
         assert len(traces[0]) > 26 or env == "Pendulum-v1"  # episodes ended and were reset
         _assert_same(*traces)

@@ -8,6 +8,7 @@ frame + close 1011, HTTP health routes and the API-key check before the upgrade.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import threading
 import time
 import urllib.error
@@ -27,9 +28,11 @@ from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
 from cosmos_robot_server import PolicyServer, ServerConfig
 from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPolicy, libero_input_spec
 
+_LEGACY = {"legacy": True} if "legacy" in inspect.signature(_connect).parameters else {}
+
 
 def connect(url: str, **kwargs: Any) -> ClientConnection:
-    return _connect(url, legacy=True, **kwargs)  # a plain connection, no deprecation warning (websockets 17)
+    return _connect(url, **_LEGACY, **kwargs)  # a plain connection, no deprecation warning (websockets >= 17.1)
 
 
 def libero_obs(**override: Any) -> dict[str, Any]:

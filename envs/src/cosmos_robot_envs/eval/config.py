@@ -13,6 +13,7 @@ per-episode outcomes for a deterministic policy.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -74,7 +75,7 @@ class EvalConfig:
 
 def config_mismatch(saved: dict[str, Any], current: EvalConfig) -> list[str]:
     """The fields (other than RUNTIME_FIELDS) whose saved value differs, as ``name: saved -> current``."""
-    now = current.to_dict()
+    now = json.loads(json.dumps(current.to_dict(), default=str))  # compare as saved (tuples become lists)
     diffs = []
     for name in sorted(set(saved) | set(now)):
         if name in RUNTIME_FIELDS:

@@ -44,6 +44,10 @@ ACTION_DIM = 7
 OBS_MODES = ("rgb", "state", "all")
 PROMPT_CHARSET = frozenset(string.ascii_letters + string.digits + " ,.'-")
 _ACTION_LAYOUT = "[dx, dy, dz, dax, day, daz, gripper]"
+# Finite observation bounds (metres, radians): generous, and values are clipped to them so a cube
+# knocked onto the floor still yields an observation inside the declared space.
+STATE_HIGH = np.array([1.0, 1.0, 1.0, 3.2, 3.2, 3.2, 0.1, 0.1], dtype=np.float32)
+OBJECT_STATE_HIGH = np.array([2.0] * 3 + [1.0] * 4 + [2.0] * 3 + [0.5] + [1.0] * 4, dtype=np.float32)
 
 
 def _image_hw(image_size: int | Sequence[int]) -> tuple[int, int]:
@@ -105,9 +109,11 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
             image = spaces.Box(0, 255, shape=(*self.image_hw, 3), dtype=np.uint8)
             obs["image"] = image
             obs["wrist_image"] = image
-        obs["state"] = spaces.Box(-np.inf, np.inf, shape=(STATE_DIM,), dtype=np.float32)
+        obs["state"] = spaces.Box(-STATE_HIGH, STATE_HIGH, shape=(STATE_DIM,), dtype=np.float32)
         if obs_mode in ("state", "all"):
-            obs["object_state"] = spaces.Box(-np.inf, np.inf, shape=(OBJECT_STATE_DIM,), dtype=np.float32)
+            obs["object_state"] = spaces.Box(
+                -OBJECT_STATE_HIGH, OBJECT_STATE_HIGH, shape=(OBJECT_STATE_DIM,), dtype=np.float32
+            )
         if obs_mode in ("rgb", "all"):
             obs["prompt"] = spaces.Text(max_length=128, charset=PROMPT_CHARSET)
         self.observation_space = spaces.Dict(obs)
@@ -154,15 +160,15 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
             self._task = self._tasks[int(self.np_random.integers(len(self._tasks)))]
         self.sim.reset(sample_layout(self._task, self.np_random))
         self._steps = 0
-        success = is_success(self._task, self.sim)
-        return self._observation(), self._info(success)
+        return self._observe()
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         self.sim.apply_action(self._validate_action(action))
         self._steps += 1
-        success = is_success(self._task, self.sim)
+        obs, info = self._observe()
+        success = bool(info["is_success"])
         truncated = not success and self._steps >= self.max_steps
-        return self._observation(), float(success), success, truncated, self._info(success)
+        return obs, float(success), success, truncated, info
 
     def render(self) -> np.ndarray | None:
         """The agent-view camera (upright RGB, the observation's size) when ``render_mode='rgb_array'``."""
@@ -200,22 +206,23 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
             raise ValueError(f"action: expected finite values, got {arr.tolist()}")
         return np.clip(arr, -1.0, 1.0)
 
-    def _observation(self) -> dict[str, Any]:
+    def _observe(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The observation and info of the current simulation state."""
+        objects = np.clip(object_state(self._task, self.sim), -OBJECT_STATE_HIGH, OBJECT_STATE_HIGH)
         obs: dict[str, Any] = {}
         if self.obs_mode in ("rgb", "all"):
             obs["image"] = self.render_camera("agentview")
             obs["wrist_image"] = self.render_camera("wrist")
-        obs["state"] = self.sim.state()
+        obs["state"] = np.clip(self.sim.state(), -STATE_HIGH, STATE_HIGH)
         if self.obs_mode in ("state", "all"):
-            obs["object_state"] = object_state(self._task, self.sim)
+            obs["object_state"] = objects.copy()
         if self.obs_mode in ("rgb", "all"):
             obs["prompt"] = self.prompt
-        return obs
-
-    def _info(self, success: bool) -> dict[str, Any]:
-        return {
+        success = is_success(self._task, self.sim)
+        info = {
             "task": self._task,
             "is_success": success,
-            "dense_reward": dense_reward(self._task, self.sim),
-            "object_state": object_state(self._task, self.sim),
+            "dense_reward": dense_reward(self._task, self.sim, success),
+            "object_state": objects,
         }
+        return obs, info

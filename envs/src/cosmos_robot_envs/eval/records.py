@@ -1,0 +1,100 @@
+"""Per-episode records in an append-only JSONL file: the run's ground truth and its resume point.
+
+Why JSONL appended (and flushed) one episode at a time: an interrupted run (Ctrl-C, a pre-empted
+node) loses at most the episodes in flight, and a rerun with the same config reads the file, skips
+the episodes already recorded and appends the rest. Since each episode's outcome depends only on its
+seed (see ``config.py``), the totals of a resumed run equal those of an uninterrupted one. Every
+summary (``results.json``, the HTML report) is recomputed from this file, never accumulated.
+
+A line cut short by a crash mid-write is dropped (and cut from the file) on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EpisodeRecord", "append_record", "latency_summary", "load_records"]
+
+
+def latency_summary(latencies_ms: list[float]) -> dict[str, float]:
+    """``n``, ``mean``, ``p50``, ``p95``, ``max`` (ms) of the chunk queries one episode waited for."""
+    if not latencies_ms:
+        return {"n": 0, "mean_ms": 0.0, "p50_ms": 0.0, "p95_ms": 0.0, "max_ms": 0.0}
+    arr = np.asarray(latencies_ms, dtype=np.float64)
+    return {
+        "n": int(arr.size),
+        "mean_ms": round(float(arr.mean()), 3),
+        "p50_ms": round(float(np.percentile(arr, 50)), 3),
+        "p95_ms": round(float(np.percentile(arr, 95)), 3),
+        "max_ms": round(float(arr.max()), 3),
+    }
+
+
+@dataclass
+class EpisodeRecord:
+    """One finished episode, as written to ``episodes.jsonl``."""
+
+    task: str
+    episode: int  # index within its task
+    seed: int
+    success: bool
+    steps: int  # control steps taken
+    episode_return: float  # sum of rewards ("return" in the JSONL)
+    truncated_reason: str | None = None  # "max_steps", or the vector layer's "worker_crashed" / ...
+    worker_error: str | None = None  # the failed worker's message, when there was one
+    latency: dict[str, float] = field(default_factory=dict)  # latency_summary of this episode's queries
+    latencies_ms: list[float] = field(default_factory=list)  # every query latency this episode waited for
+    video: str | None = None  # path relative to the output folder
+    wall_s: float = 0.0  # wall time from reset to the last step
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.task, self.episode)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["return"] = data.pop("episode_return")
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EpisodeRecord:
+        data = dict(data)
+        data["episode_return"] = data.pop("return")
+        return cls(**data)
+
+
+def append_record(path: Path, record: EpisodeRecord) -> None:
+    """Append one line and push it to disk before the episode counts as done."""
+    line = json.dumps(record.to_json(), separators=(",", ":"), allow_nan=False)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def load_records(path: Path) -> dict[tuple[str, int], EpisodeRecord]:
+    """The records in ``path`` by (task, episode); an unfinished last line is removed from the file."""
+    if not path.exists():
+        return {}
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        keep = raw.rfind(b"\n") + 1
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+        raw = raw[:keep]
+    records: dict[tuple[str, int], EpisodeRecord] = {}
+    for lineno, line in enumerate(raw.decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = EpisodeRecord.from_json(json.loads(line))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}:{lineno}: not an episode record ({exc}); use --overwrite to start fresh") from exc
+        records[record.key] = record
+    return records
