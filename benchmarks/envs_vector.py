@@ -4,9 +4,11 @@ What is measured, in env-steps per second (num_envs x batched steps / wall time)
   - ``single``: one ``gymnasium.make`` env stepped in a plain Python loop (the ceiling for N=1);
   - ``ours sync`` / ``ours async``: :func:`make_vector_env` in "sync" and "async" mode;
   - ``gym sync`` / ``gym async``: ``gymnasium.vector.SyncVectorEnv`` / ``AsyncVectorEnv(shared_memory=True)``.
-The overhead ratio is ``gym async rate / ours async rate`` (time per step, ours over gymnasium's;
-target <= 1.1). Episodes end inside the window, so resets are part of the work: gymnasium autoresets
-(NEXT_STEP), ours resets the finished envs with ``reset(mask=done)``, as the evaluator does.
+The overhead ratio is ``gym rate / ours rate`` (our time per step over gymnasium's; target <= 1.1),
+taken per round of back-to-back runs and reported as the median over rounds; the parent process's CPU
+time per batched step is the layer's own cost, the least noisy number on a shared machine. Episodes
+end inside the window, so resets are part of the work: gymnasium autoresets (NEXT_STEP), ours resets
+the finished envs with ``reset(mask=done)``, as the evaluator does.
 
 Envs: ``cheap`` = Pendulum-v1 (microseconds per step: pure layer overhead), ``image`` =
 gym-pusht ``pixels_agent_pos`` (96x96 RGB rendered per step), ``tabletop`` = CosmosRobot/Reach-v0
@@ -47,6 +49,21 @@ def _actions(space: gym.Space[Any], n: int, count: int) -> list[np.ndarray]:
     return [np.stack([space.sample() for _ in range(n)]) for _ in range(count)]
 
 
+class _Clock:
+    """Wall time and this process's CPU time (the layer's own cost in the parent) over a window."""
+
+    def __enter__(self) -> _Clock:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+    def result(self, env_steps: int, batched_steps: int) -> tuple[float, float]:
+        """(env-steps per second, parent CPU microseconds per batched step)."""
+        return env_steps / self.wall, 1e6 * self.cpu / batched_steps
+
+
 def bench_single(factory: EnvFactory, steps: int) -> float:
     env = factory()
     acts = _actions(env.action_space, 1, 64)
@@ -61,23 +78,21 @@ def bench_single(factory: EnvFactory, steps: int) -> float:
     return rate
 
 
-def bench_ours(factory: EnvFactory, n: int, mode: str, steps: int) -> float:
+def bench_ours(factory: EnvFactory, n: int, mode: str, steps: int) -> tuple[float, float]:
     with make_vector_env(factory, n, mode) as venv:  # type: ignore[arg-type]
         acts = _actions(venv.single_action_space, n, 64)
         venv.reset(seeds=0)
-        for t in range(20):  # warm-up
+        for t in range(steps + 20):  # the first 20 are warm-up
+            if t == 20:
+                clock = _Clock().__enter__()
             _, _, term, trunc, _ = venv.step(acts[t % 64])
             if (done := term | trunc).any():
                 venv.reset(mask=done)
-        start = time.perf_counter()
-        for t in range(steps):
-            _, _, term, trunc, _ = venv.step(acts[t % 64])
-            if (done := term | trunc).any():
-                venv.reset(mask=done)
-        return n * steps / (time.perf_counter() - start)
+        clock.__exit__()
+        return clock.result(n * steps, steps)
 
 
-def bench_gym(factory: EnvFactory, n: int, mode: str, steps: int) -> float:
+def bench_gym(factory: EnvFactory, n: int, mode: str, steps: int) -> tuple[float, float]:
     fns: list[Callable[[], gym.Env[Any, Any]]] = [factory] * n
     venv: gym.vector.VectorEnv[Any, Any, Any] = (
         gym.vector.AsyncVectorEnv(fns, shared_memory=True, context="forkserver")
@@ -89,15 +104,25 @@ def bench_gym(factory: EnvFactory, n: int, mode: str, steps: int) -> float:
         venv.reset(seed=0)
         for t in range(20):
             venv.step(acts[t % 64])
-        start = time.perf_counter()
-        for t in range(steps):
-            venv.step(acts[t % 64])
-        return n * steps / (time.perf_counter() - start)
+        with _Clock() as clock:
+            for t in range(steps):
+                venv.step(acts[t % 64])
+        return clock.result(n * steps, steps)
     finally:
         venv.close()
 
 
+VARIANTS = [
+    ("ours sync", bench_ours, "sync"),
+    ("gym sync", bench_gym, "sync"),
+    ("ours async", bench_ours, "async"),
+    ("gym async", bench_gym, "async"),
+]
+
+
 def run(env_names: list[str], counts: list[int], repeats: int, scale: float) -> list[dict[str, Any]]:
+    """Each round runs all variants back to back, so a load spike from elsewhere hits both sides of a
+    ratio; ratios are per round, then the median over rounds is reported (rates likewise)."""
     rows = []
     for name in env_names:
         env_id, kwargs, steps = ENVS[name]
@@ -110,33 +135,34 @@ def run(env_names: list[str], counts: list[int], repeats: int, scale: float) -> 
             continue
         single = statistics.median(bench_single(factory, steps) for _ in range(repeats))
         for n in counts:
+            rounds = [{label: fn(factory, n, mode, steps) for label, fn, mode in VARIANTS} for _ in range(repeats)]
             row: dict[str, Any] = {"env": name, "env_id": env_id, "num_envs": n, "single": single}
-            for label, fn, mode in [
-                ("ours sync", bench_ours, "sync"),
-                ("gym sync", bench_gym, "sync"),
-                ("ours async", bench_ours, "async"),
-                ("gym async", bench_gym, "async"),
-            ]:
-                row[label] = statistics.median(fn(factory, n, mode, steps) for _ in range(repeats))
-            row["overhead async (ours/gym time)"] = row["gym async"] / row["ours async"]
-            row["overhead sync (ours/gym time)"] = row["gym sync"] / row["ours sync"]
+            for label, _, _ in VARIANTS:
+                row[label] = statistics.median(r[label][0] for r in rounds)
+                row[label + " cpu_us"] = statistics.median(r[label][1] for r in rounds)
+            for mode in ("sync", "async"):
+                row[f"ratio {mode}"] = statistics.median(r[f"gym {mode}"][0] / r[f"ours {mode}"][0] for r in rounds)
             rows.append(row)
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}))
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     return rows
 
 
 def show(rows: list[dict[str, Any]]) -> None:
-    table = Table(title=f"env-steps/s ({platform.machine()}, {os.cpu_count()} cores)")
+    title = f"env-steps/s; ratio = our time per step / gymnasium's ({platform.machine()}, {os.cpu_count()} cores)"
+    table = Table(title=title)
     cols = ["env", "num_envs", "single", "ours sync", "gym sync", "ours async", "gym async"]
-    ratios = ["overhead sync (ours/gym time)", "overhead async (ours/gym time)"]
-    for col in cols + ratios:
-        table.add_column(col.replace(" (ours/gym time)", " ratio"), justify="right")
+    extra = ["ratio sync", "ratio async", "ours async cpu_us", "gym async cpu_us"]
+    for col in cols + extra:
+        table.add_column(col.replace(" cpu_us", " parent CPU us/step"), justify="right")
     for row in rows:
         table.add_row(
             *[str(row[c]) if isinstance(row[c], (str, int)) else f"{row[c]:,.0f}" for c in cols],
-            *[f"{row[r]:.2f}" for r in ratios],
+            f"{row['ratio sync']:.2f}",
+            f"{row['ratio async']:.2f}",
+            f"{row['ours async cpu_us']:.0f}",
+            f"{row['gym async cpu_us']:.0f}",
         )
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 def main() -> None:

@@ -137,6 +137,155 @@ def probe(
 
 
 @app.command()
+def eval(
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="A running server (ws://HOST:PORT) or an in-process policy factory MODULE:FACTORY, "
+            "e.g. cosmos_robot_envs.tabletop:ExpertPolicy."
+        ),
+    ],
+    out: Annotated[str, typer.Option(help="Output folder (episodes.jsonl, results.json, report.html, videos/).")],
+    policy_arg: Annotated[
+        Optional[list[str]],
+        typer.Option("--policy-arg", "-a", help="KEY=VALUE passed to an in-process factory (repeatable)."),
+    ] = None,
+    suite: Annotated[str, typer.Option(help="Env suite.")] = "tabletop",
+    tasks: Annotated[
+        Optional[str], typer.Option(help="Comma-separated task names of the suite (default: all of them).")
+    ] = None,
+    episodes_per_task: Annotated[int, typer.Option(help="Episodes per task.")] = 10,
+    num_envs: Annotated[int, typer.Option(help="Envs stepped in lockstep; one batched request per step.")] = 4,
+    replan_steps: Annotated[int, typer.Option(help="Actions executed open-loop from each chunk.")] = 5,
+    seed: Annotated[int, typer.Option(help="Base seed; each episode's seed derives from it, its task and index.")] = 0,
+    video_episodes: Annotated[int, typer.Option(help="Record MP4s of the first M episodes of each task.")] = 1,
+    image_size: Annotated[int, typer.Option(help="Camera image side in pixels.")] = 128,
+    vector_mode: Annotated[
+        str, typer.Option(help="sync (in-process) or async (a worker process per env, survives env crashes).")
+    ] = "async",
+    max_steps: Annotated[
+        Optional[int], typer.Option(help="Override every task's episode horizon (control steps).")
+    ] = None,
+    api_key: Annotated[
+        Optional[str], typer.Option(envvar="COSMOS_ROBOT_API_KEY", help="API key for the server.")
+    ] = None,
+    connect_timeout_s: Annotated[float, typer.Option(help="Give up connecting to the server after this long.")] = 10.0,
+    request_timeout_s: Annotated[float, typer.Option(help="Fail when one policy request takes longer.")] = 300.0,
+    overwrite: Annotated[
+        bool, typer.Option(help="Delete a previous run in --out and start fresh (default: resume it).")
+    ] = False,
+) -> None:
+    """Evaluate a policy on a simulated suite: N envs in lockstep, one batched request per control step.
+
+    Writes per-episode records (episodes.jsonl), per-task success with Wilson 95% intervals
+    (results.json), videos and report.html into --out. Rerunning the same command resumes an
+    interrupted run; --overwrite starts fresh.
+
+    Example:
+
+        cosmos-robot eval --policy ws://127.0.0.1:8000 --tasks reach,push --episodes-per-task 20 --out runs/e1
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from cosmos_robot_client.base_policy import BasePolicy
+    from cosmos_robot_envs.eval import (
+        ConfigMismatchError,
+        EvalConfig,
+        PolicyOutputError,
+        connect_websocket,
+        get_suite,
+        is_websocket_url,
+        run_eval,
+    )
+    from cosmos_robot_envs.eval.progress import RichProgress
+
+    def fail(message: str, code: int) -> typer.Exit:
+        typer.secho(f"error: {message}", fg="red", err=True)
+        return typer.Exit(code)
+
+    remote = is_websocket_url(policy)
+    try:
+        if remote and policy_arg:
+            raise ValueError("--policy-arg only applies to an in-process MODULE:FACTORY policy, not a server URL")
+        task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else []
+        resolved = get_suite(suite).resolve_tasks(task_list)
+        policy_kwargs: dict[str, object] = {}
+        if not remote:
+            from cosmos_robot.policy_loading import parse_policy_args
+
+            policy_kwargs = parse_policy_args(policy_arg or [])
+        config = EvalConfig(
+            policy=policy,
+            policy_args=policy_kwargs,
+            suite=suite,
+            tasks=resolved,
+            episodes_per_task=episodes_per_task,
+            num_envs=num_envs,
+            replan_steps=replan_steps,
+            seed=seed,
+            image_size=image_size,
+            vector_mode=vector_mode,
+            video_episodes=video_episodes,
+            max_steps=max_steps,
+        )
+    except ValueError as exc:
+        raise fail(str(exc), 2) from exc
+
+    pol: BasePolicy
+    if remote:
+        try:
+            pol = connect_websocket(
+                policy, api_key=api_key, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s
+            )
+        except (ConnectionError, PermissionError, ValueError) as exc:
+            raise fail(f"cannot reach the policy server: {exc}", 1) from exc  # exc names the URL
+    else:
+        from cosmos_robot.policy_loading import PolicyLoadError, load_policy
+
+        try:
+            pol = load_policy(policy, policy_kwargs)
+        except PolicyLoadError as exc:
+            raise fail(str(exc), 2) from exc
+
+    console = Console(stderr=True)
+    try:
+        with RichProgress(console) as progress:
+            results = run_eval(
+                config,
+                pol,
+                out,
+                policy_kind="websocket" if remote else "in_process",
+                overwrite=overwrite,
+                callbacks=progress,
+            )
+    except KeyboardInterrupt:
+        typer.secho(f"interrupted; finished episodes are kept in {out}: rerun the same command to resume", err=True)
+        raise typer.Exit(130) from None
+    except ConfigMismatchError as exc:
+        raise fail(str(exc), 2) from exc
+    except PolicyOutputError as exc:
+        raise fail(str(exc), 1) from exc
+    except (ConnectionError, TimeoutError, RuntimeError) as exc:
+        raise fail(f"policy {policy}: {exc}", 1) from exc
+    finally:
+        close = getattr(pol, "close", None)
+        if remote and callable(close):
+            close()
+
+    table = Table(title=f"{suite}: {results['policy']['source']}")
+    for column in ("task", "success", "rate", "95% CI"):
+        table.add_column(column, justify="left" if column == "task" else "right")
+    rows = [*results["tasks"].items(), ("total", results["totals"])]
+    for name, s in rows:
+        ci = f"[{100 * s['ci95_low']:.0f}%, {100 * s['ci95_high']:.0f}%]"
+        table.add_row(name, f"{s['successes']}/{s['episodes']}", f"{100 * s['success_rate']:.1f}%", ci)
+    Console().print(table)
+    thr = results["throughput"]
+    typer.echo(f"{thr['episodes_per_min']:.1f} episodes/min; report: {out}/report.html")
+
+
+@app.command()
 def version() -> None:
     """Print the versions of the cosmos-robot packages.
 

@@ -183,8 +183,12 @@ def test_action_scale_rotation_and_gripper_follow_the_documented_mapping() -> No
         start = obs["state"].copy()
         for _ in range(5):
             obs, *_ = env.step([1.0, 0, -0.5, 0, 0, 0, 1.0])
+        lag = 5 * MAX_POS_STEP - (obs["state"][0] - start[0])
+        assert 0.0 < lag < 0.5 * MAX_POS_STEP  # the hand trails its target by less than half a step
+        for _ in range(2):
+            obs, *_ = env.step([0, 0, 0, 0, 0, 0, 1.0])
         moved = obs["state"][:3] - start[:3]
-        np.testing.assert_allclose(moved, [5 * MAX_POS_STEP, 0, -2.5 * MAX_POS_STEP], atol=0.006)
+        np.testing.assert_allclose(moved, [5 * MAX_POS_STEP, 0, -2.5 * MAX_POS_STEP], atol=0.002)
         np.testing.assert_allclose(obs["state"][6:8], 0.0, atol=2e-3)  # +1 closes
         for _ in range(3):
             obs, *_ = env.step([0, 0, 0, 0, 0, 0.5, -1.0])

@@ -52,7 +52,9 @@ class ChunkSource:
             latencies = [latency] * len(obs_list)
             if not isinstance(replies, list) or len(replies) != len(obs_list):
                 got = len(replies) if isinstance(replies, list) else type(replies).__name__
-                raise PolicyOutputError(f"{self.name}: infer_batch returned {got} results for {len(obs_list)} observations")
+                raise PolicyOutputError(
+                    f"{self.name}: infer_batch returned {got} results for {len(obs_list)} observations"
+                )
         else:
             replies, latencies = [], []
             for obs in obs_list:

@@ -22,7 +22,7 @@ __all__ = ["RUNTIME_FIELDS", "EpisodeSpec", "EvalConfig", "build_schedule", "con
 VECTOR_MODES = ("sync", "async")
 
 # Fields that change how fast a run goes but not what any episode does: a resumed run may change them.
-RUNTIME_FIELDS = frozenset({"num_envs", "vector_mode", "batch_requests"})
+RUNTIME_FIELDS = frozenset({"num_envs", "vector_mode", "batch_requests", "align_starts"})
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class EvalConfig:
     video_episodes: int = 0  # record an MP4 for episodes 0 .. video_episodes-1 of every task
     max_steps: int | None = None  # override every task's horizon (control steps); None = the task's own
     batch_requests: bool = True  # one request for all envs needing a chunk; False = one request per env
+    align_starts: bool = True  # start episodes on replan boundaries so all envs replan in the same request
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(self.tasks))

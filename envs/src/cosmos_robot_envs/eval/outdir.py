@@ -40,7 +40,9 @@ def prepare_out_dir(out_dir: Path, config: EvalConfig, *, overwrite: bool = Fals
         try:
             saved = json.loads(saved_path.read_text())
         except json.JSONDecodeError as exc:
-            raise ConfigMismatchError(f"{saved_path} is not valid JSON ({exc}); pass --overwrite to start fresh") from exc
+            raise ConfigMismatchError(
+                f"{saved_path} is not valid JSON ({exc}); pass --overwrite to start fresh"
+            ) from exc
         diffs = config_mismatch(saved, config)
         if diffs:
             raise ConfigMismatchError(

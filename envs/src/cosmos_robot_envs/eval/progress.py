@@ -52,18 +52,18 @@ class RichProgress(EvalCallbacks):
     ) -> None:
         self.progress.stop()
 
-    def _fields(self) -> dict[str, str]:
+    def _success(self) -> str:
         pct = f"{100 * self.successes / self.done:.1f}%" if self.done else "-"
-        return {"success": f"{self.successes}/{self.done} ({pct})"}
+        return f"{self.successes}/{self.done} ({pct})"
 
     def start(self, total: int, done: int, successes: int) -> None:
         self.done, self.successes = done, successes
         if done:
             self.progress.console.print(f"resuming: {done} of {total} episodes already recorded")
-        self.task = self.progress.add_task("eval", total=total, completed=done, **self._fields())
+        self.task = self.progress.add_task("eval", total=total, completed=done, success=self._success())
 
     def episode(self, record: EpisodeRecord) -> None:
         self.done += 1
         self.successes += int(record.success)
         if self.task is not None:
-            self.progress.update(self.task, advance=1, **self._fields())
+            self.progress.update(self.task, advance=1, success=self._success())

@@ -59,8 +59,7 @@ class EpisodeRecord:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["return"] = data.pop("episode_return")
-        return data
+        return {("return" if k == "episode_return" else k): v for k, v in data.items()}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EpisodeRecord:

@@ -8,7 +8,12 @@ How a run goes:
 2. each control step, the envs whose action queue is empty are queried together (one request) and
    get the first ``replan_steps`` actions of their chunk; every active env then takes one step;
 3. a finished episode (success, time limit, or a crashed / hung worker, which the vector layer reports
-   as ``truncated`` with a reason) is appended to the JSONL, its slot gets the next episode;
+   as ``truncated`` with a reason) is appended to the JSONL, its slot gets the next episode at the
+   next replan boundary (``align_starts``): an env idles for fewer than ``replan_steps`` steps, and in
+   exchange every env asks for its chunk on the same control steps, so each request carries all the
+   envs instead of the ~N/replan_steps that staggered starts would leave (a model server then runs
+   one forward pass per replan instead of one per control step). Each episode still replans every
+   ``replan_steps`` steps from its own reset, so its outcome does not depend on the alignment;
 4. the summary, charts and report are recomputed from all records.
 
 The policy object comes from the caller (a ``WebsocketClientPolicy`` or anything loaded in-process):
@@ -20,6 +25,7 @@ with sessions.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import time
@@ -100,12 +106,20 @@ class _Run:
 
     def run(self, todo: list[EpisodeSpec]) -> None:
         pending = deque(todo)
-        self._fill(list(range(self.venv.num_envs)), pending)
         action_shape = self.venv.single_action_space.shape
         assert action_shape is not None
         dtype = self.venv.single_action_space.dtype
-        while any(self.slots):
+        phase = 0  # control steps since the envs were last all idle, modulo replan_steps
+        while pending or any(self.slots):
+            free = [i for i, s in enumerate(self.slots) if s is None]
+            if free and pending:
+                if len(free) == self.venv.num_envs:
+                    phase = 0
+                if phase == 0 or not self.config.align_starts:
+                    self._fill(free, pending)
             active = [i for i, s in enumerate(self.slots) if s is not None]
+            if not active:
+                continue  # every reset failed; the next pending episodes get the slots
             need = [i for i in active if not self._slot(i).queue]
             if need:
                 wire = [self.wire(batch_row(self.obs, i)) for i in need]
@@ -120,7 +134,7 @@ class _Run:
                 actions[i] = self._slot(i).queue.popleft()
                 mask[i] = True
             self.obs, rewards, terminated, truncated, infos = self.venv.step(actions, mask=mask)
-            done = []
+            phase = (phase + 1) % self.config.replan_steps
             for i in active:
                 slot, info = self._slot(i), infos[i]
                 if "worker_error" not in info:
@@ -131,9 +145,6 @@ class _Run:
                 if terminated[i] or truncated[i]:
                     reason = info.get("truncated_reason") or (None if terminated[i] else "max_steps")
                     self._finish(i, bool(info.get("is_success", False)), reason, info.get("worker_error"))
-                    done.append(i)
-            if done:
-                self._fill(done, pending)
 
     def _slot(self, i: int) -> _Slot:
         slot = self.slots[i]
@@ -205,6 +216,7 @@ def run_eval(
     out = Path(out_dir)
     suite = get_suite(config.suite)
     tasks = suite.resolve_tasks(config.tasks)
+    config = dataclasses.replace(config, tasks=tasks)  # saved resolved: "all tasks" is explicit on disk
     prepare_out_dir(out, config, overwrite=overwrite)
     records = load_records(out / EPISODES_JSONL)
     schedule = build_schedule(config, tasks)

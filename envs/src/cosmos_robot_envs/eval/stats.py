@@ -31,7 +31,9 @@ def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, floa
     z2 = z * z
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
     half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)  # exact bounds at the ends, no rounding error
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return lo, hi
 
 
 def latency_percentiles(latencies_ms: Sequence[float]) -> dict[str, float]:

@@ -34,7 +34,9 @@ def write_mp4(path: Path, frames: Sequence[np.ndarray], fps: int, *, crf: int = 
         for i, frame in enumerate(frames):
             arr = np.asarray(frame)
             if arr.shape != first.shape or arr.dtype != np.uint8:
-                raise ValueError(f"write_mp4({path}): frame {i} is {arr.dtype} {arr.shape}, expected uint8 {first.shape}")
+                raise ValueError(
+                    f"write_mp4({path}): frame {i} is {arr.dtype} {arr.shape}, expected uint8 {first.shape}"
+                )
             if pad_h or pad_w:
                 arr = np.pad(arr, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
             for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(arr), format="rgb24")):

@@ -6,7 +6,9 @@ parked out of view (behind the agent camera) by the task's reset.
 
 Why MJCF from code: nothing is downloaded at run time (mujoco-menagerie and robot-descriptions fetch
 models from the internet), the offscreen buffer is sized to the requested image size, and there is no
-mesh or texture to load. The scene is kept to ~35 primitive geoms so a CPU renders it quickly.
+mesh or texture to load. The scene is kept to ~35 primitive geoms so a CPU renders it quickly; the
+floor is a box, not a plane, because MuJoCo draws an infinite plane as a grid of many quads, which
+tripled the render time on llvmpipe.
 
 The gripper is a free body welded to a mocap body (the env moves the mocap target, the weld pulls the
 hand along, contacts push back) with gravity compensation, so it neither sags nor drifts. Its two
@@ -35,7 +37,7 @@ __all__ = [
     "build_scene_xml",
 ]
 
-PHYSICS_DT = 0.002  # s; 25 substeps per 20 Hz control step
+PHYSICS_DT = 0.005  # s; 10 substeps per 20 Hz control step (implicitfast keeps this stable)
 CUBE_HALF = 0.02  # m, half edge of both cubes
 FINGER_RANGE = (0.0, 0.04)  # m, each finger's inner face distance from the centre line (closed, open)
 EEF_OFFSET = -0.052  # m, the end-effector site below the hand origin (1 cm above the fingertips)
@@ -109,12 +111,12 @@ def build_scene_xml(height: int = 128, width: int = 128) -> str:
     <map znear="0.004" zfar="20"/>
   </visual>
   <default>
-    <geom friction="1.0 0.005 0.0001" solref="0.005 1"/>
+    <geom friction="1.0 0.005 0.0001" solref="0.01 1" solimp="0.95 0.99 0.001"/>
   </default>
   <worldbody>
     <light directional="true" castshadow="false" pos="0 0 2" dir="0.3 0.2 -1" diffuse="0.4 0.4 0.4"
       specular="0 0 0"/>
-    <geom name="floor" type="plane" size="0 0 0.05" pos="0 0 -0.8" rgba="{COLORS["floor"]}" {_STATIC}/>
+    <geom name="floor" type="box" size="4 4 0.05" pos="0 0 -0.85" rgba="{COLORS["floor"]}" {_STATIC}/>
     <geom name="table" type="box" size="0.5 0.6 0.4" pos="0 0 -0.4" rgba="{COLORS["table"]}" {_STATIC}/>
     <camera name="agentview" pos="{cam_pos[0]} {cam_pos[1]} {cam_pos[2]}" xyaxes="{agent_axes}" fovy="45"/>
 
@@ -127,12 +129,12 @@ def build_scene_xml(height: int = 128, width: int = 128) -> str:
       <camera name="wrist" pos="{wrist_pos[0]} {wrist_pos[1]} {wrist_pos[2]}" xyaxes="{wrist_axes}" fovy="65"/>
       <site name="eef" pos="0 0 {EEF_OFFSET}" size="0.004" rgba="1 1 1 0" group="5"/>
       <body name="finger_left" pos="0 0.006 -0.037" gravcomp="1">
-        <joint name="finger_left" type="slide" axis="0 1 0" range="{f_lo} {f_hi}" damping="5" armature="0.01"/>
+        <joint name="finger_left" type="slide" axis="0 1 0" range="{f_lo} {f_hi}" damping="16" armature="0.2"/>
         <geom name="finger_left" type="box" size="0.012 0.006 0.025" mass="0.02" condim="4" friction="1.5 0.01 0.001"
           rgba="{COLORS["finger"]}" {_MOVING}/>
       </body>
       <body name="finger_right" pos="0 -0.006 -0.037" gravcomp="1">
-        <joint name="finger_right" type="slide" axis="0 -1 0" range="{f_lo} {f_hi}" damping="5" armature="0.01"/>
+        <joint name="finger_right" type="slide" axis="0 -1 0" range="{f_lo} {f_hi}" damping="16" armature="0.2"/>
         <geom name="finger_right" type="box" size="0.012 0.006 0.025" mass="0.02" condim="4"
           friction="1.5 0.01 0.001" rgba="{COLORS["finger"]}" {_MOVING}/>
       </body>
@@ -164,6 +166,7 @@ def build_scene_xml(height: int = 128, width: int = 128) -> str:
       <geom type="box" size="0.005 0.12 0.06" pos="-0.195 0 0.065" rgba="{COLORS["cabinet"]}" {_STATIC}/>
       <body name="drawer">
         <joint name="drawer" type="slide" axis="1 0 0" range="{d_lo} {d_hi}" damping="3" frictionloss="0.3"
+          solreflimit="0.01 1" solimplimit="0.95 0.99 0.001"
           armature="0.05"/>
         <geom name="drawer_front" type="box" size="0.005 0.119 0.053" pos="-0.005 0 0.065" density="300"
           rgba="{COLORS["drawer"]}" {_MOVING}/>
@@ -188,7 +191,7 @@ def build_scene_xml(height: int = 128, width: int = 128) -> str:
     <exclude body1="finger_left" body2="finger_right"/>
   </contact>
   <equality>
-    <weld name="hand_weld" body1="hand_mocap" body2="hand" relpose="0 0 0 1 0 0 0" solref="0.01 1"/>
+    <weld name="hand_weld" body1="hand_mocap" body2="hand" relpose="0 0 0 1 0 0 0" solref="0.01 1" solimp="0.6 0.8 0.001"/>
   </equality>
   <actuator>
     <position name="finger_left" joint="finger_left" kp="300" ctrlrange="{f_lo} {f_hi}" forcerange="-12 12"/>

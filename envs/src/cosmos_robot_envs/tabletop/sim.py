@@ -9,7 +9,8 @@ Action mapping, per 20 Hz step (``a`` already clipped to [-1, 1]):
   clipped to within ``MAX_LEAD`` of the measured end-effector (so pressing against the table or a
   drawer stop cannot wind up a far-away target) and to the ``WORKSPACE`` box;
 - rotation: the target orientation turns by the rotation vector ``a[3:6] * MAX_ROT_STEP`` radians,
-  applied in the world frame (like robosuite's OSC controller that LIBERO uses);
+  applied in the world frame (like robosuite's OSC controller that LIBERO uses), and is kept within
+  ``MAX_ROT_LEAD`` of the measured orientation for the same reason;
 - gripper: ``a[6]`` in [-1, 1] maps linearly to the finger opening, -1 fully open, +1 closed (LIBERO's
   sign convention); the position actuators stop on whatever is in between.
 """
@@ -21,7 +22,14 @@ from dataclasses import dataclass
 import mujoco
 import numpy as np
 
-from cosmos_robot_envs.tabletop.rotations import axis_angle_to_quat, quat_mul, quat_to_axis_angle, quat_to_mat, yaw_quat
+from cosmos_robot_envs.tabletop.rotations import (
+    axis_angle_to_quat,
+    quat_conj,
+    quat_mul,
+    quat_to_axis_angle,
+    quat_to_mat,
+    yaw_quat,
+)
 from cosmos_robot_envs.tabletop.scene import (
     CUBE_HALF,
     DRAWER_RANGE,
@@ -48,7 +56,8 @@ CONTROL_DT = 1.0 / CONTROL_HZ
 N_SUBSTEPS = round(CONTROL_DT / PHYSICS_DT)
 MAX_POS_STEP = 0.02  # m per control step at |action| = 1 (0.4 m/s)
 MAX_ROT_STEP = 0.2  # rad per control step at |action| = 1 (4 rad/s)
-MAX_LEAD = 0.03  # m, how far the commanded target may run ahead of the measured end-effector
+MAX_LEAD = 0.04  # m, how far the commanded target may run ahead of the measured end-effector
+MAX_ROT_LEAD = 0.3  # rad, the same bound for the commanded orientation
 WORKSPACE_LOW = np.array([-0.35, -0.35, 0.01])  # end-effector target box (m); z=0.01 puts fingertips on the table
 WORKSPACE_HIGH = np.array([0.35, 0.35, 0.40])
 _EEF_IN_HAND = np.array([0.0, 0.0, EEF_OFFSET])
@@ -125,6 +134,11 @@ class TabletopSim:
         self.target_pos = np.clip(target, WORKSPACE_LOW, WORKSPACE_HIGH)
         dq = axis_angle_to_quat(action[3:6] * MAX_ROT_STEP)
         quat = quat_mul(dq, self.target_quat)
+        current = self.eef_quat()
+        lead = quat_to_axis_angle(quat_mul(quat, quat_conj(current)))
+        angle = float(np.linalg.norm(lead))
+        if angle > MAX_ROT_LEAD:
+            quat = quat_mul(axis_angle_to_quat(lead * (MAX_ROT_LEAD / angle)), current)
         self.target_quat = quat / np.linalg.norm(quat)
         idx = self._mocap["hand_mocap"]
         d.mocap_quat[idx] = self.target_quat

@@ -112,7 +112,7 @@ class BatchedEnv(ABC):
             if opt is not None and not isinstance(opt, Mapping):
                 raise TypeError(f"options: env {i} got {type(opt).__name__}, expected a dict or None")
             commands[i] = ResetCmd(None if seed is None else int(seed), None if opt is None else dict(opt))
-        outcomes = self._run(commands, self.reset_timeout)
+        outcomes = self._run(commands, self.reset_timeout) if commands else {}
         # a crash or hang during reset gets one more try on the fresh worker; an env error would repeat
         retry = {i: commands[i] for i, o in outcomes.items() if isinstance(o, Failure) and o.reason != ENV_ERROR}
         if retry:
@@ -146,7 +146,7 @@ class BatchedEnv(ABC):
                 "reset(mask=...) or leave them out with step(actions, mask=...)"
             )
         acts = self.action_layout.check_batch(actions, self.num_envs)
-        outcomes = self._run({i: StepCmd(acts[i]) for i in idx}, self.step_timeout)
+        outcomes = self._run({i: StepCmd(acts[i]) for i in idx}, self.step_timeout) if idx else {}
         rewards = np.zeros(self.num_envs, dtype=np.float64)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)

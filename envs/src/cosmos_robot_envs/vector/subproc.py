@@ -12,7 +12,9 @@ Processes start with ``forkserver`` (the default on Linux: a clean, already-impo
 from, so restarts take milliseconds) or ``spawn``; never ``fork``, because an EGL context or a CUDA
 runtime in the parent does not survive it. The env factory is pickled once by ``multiprocessing``
 when the process starts (a local parent-to-own-child hand-off, the same as gymnasium); after that,
-only msgpack crosses the pipe.
+only msgpack crosses the pipe. With ``forkserver``, workers inherit the environment variables
+(``MUJOCO_GL``, ...) of the fork server, which starts with the first pool of the program: set them
+before that.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 
 from cosmos_robot_client.codec import CodecError, packb, unpackb
 from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd
-from cosmos_robot_envs.vector.runner import WORKER_CRASHED, WORKER_TIMEOUT, EnvFn, EnvReply, Failure, Outcome
+from cosmos_robot_envs.vector.runner import ENV_ERROR, WORKER_CRASHED, WORKER_TIMEOUT, EnvFn, EnvReply, Failure, Outcome
 from cosmos_robot_envs.vector.spaces import space_from_data
 from cosmos_robot_envs.vector.worker import SharedBlock, worker_main
 
@@ -49,7 +51,6 @@ def default_start_method() -> str:
 class _Worker:
     process: Any  # multiprocessing.process.BaseProcess
     conn: Connection
-    ready: bool = False  # False until the worker has reported its spaces
 
     @property
     def pid(self) -> int | None:
@@ -108,6 +109,7 @@ class AsyncBatchedEnv(BatchedEnv):
             self._obs_blocks = {k: SharedBlock((n, *f.shape), f.dtype) for k, f in self.obs_layout.arrays.items()}
             self._action_block = SharedBlock((n, *af.shape), af.dtype)
             self._blocks.extend([*self._obs_blocks.values(), self._action_block])
+            self._arrays = {k: b.array for k, b in self._obs_blocks.items() if b.array is not None}
             obs_specs = {k: b.spec() for k, b in self._obs_blocks.items()}
             self._attach = packb({"cmd": "attach", "obs": obs_specs, "action": self._action_block.spec()})
             for w in self._workers:
@@ -122,7 +124,7 @@ class AsyncBatchedEnv(BatchedEnv):
         return [w.pid for w in self._workers]
 
     def _obs_arrays(self) -> dict[str, np.ndarray]:
-        return {k: b.array for k, b in self._obs_blocks.items() if b.array is not None}
+        return self._arrays
 
     # -- worker life cycle -------------------------------------------------------------------------
     def _spawn(self, i: int) -> _Worker:
@@ -232,8 +234,7 @@ class AsyncBatchedEnv(BatchedEnv):
             if self._spaces is None:
                 self._spaces = spaces
             elif packb(spaces) != packb(self._spaces):
-                return Failure("env_error", f"env {i} reports different spaces than env 0; all envs must match")
-            w.ready = True
+                return Failure(ENV_ERROR, f"env {i} reports different spaces than env 0; all envs must match")
             return None
         if kind == "error":
             return Failure(msg["reason"], msg["message"])
@@ -250,5 +251,5 @@ class AsyncBatchedEnv(BatchedEnv):
         return Failure(WORKER_CRASHED, f"env {i}: worker {w.pid} died ({how})")
 
     def _close(self) -> None:
-        self._obs_blocks = {}
+        self._arrays, self._obs_blocks = {}, {}  # drop our views of shared memory before it is unmapped
         self._finalizer()

@@ -1,0 +1,81 @@
+"""``cosmos-robot eval``: help with an example, a tiny real run and its resume, and clear exits on errors."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from cosmos_robot.cli import app
+
+runner = CliRunner()
+TINY = [
+    "eval",
+    "--policy",
+    "cosmos_robot_envs.tabletop:ExpertPolicy",
+    "-a",
+    "action_horizon=8",
+    "--tasks",
+    "reach",
+    "--episodes-per-task",
+    "2",
+    "--num-envs",
+    "2",
+    "--image-size",
+    "32",
+    "--vector-mode",
+    "sync",
+]
+
+
+def test_eval_help_shows_the_options_and_an_example() -> None:
+    result = runner.invoke(app, ["eval", "--help"])
+    assert result.exit_code == 0, result.output
+    for text in ("Example", "--policy", "--episodes-per-task", "--num-envs", "--replan-steps", "--overwrite"):
+        assert text in result.output
+
+
+def test_tiny_eval_run_then_resume_then_config_mismatch(tmp_path: Path) -> None:
+    out = str(tmp_path / "run")
+    result = runner.invoke(app, [*TINY, "--out", out])
+    assert result.exit_code == 0, result.output
+    assert "reach" in result.output and "2/2" in result.output
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert saved["totals"]["successes"] == 2
+    assert saved["config"]["policy_args"] == {"action_horizon": 8}
+    assert (tmp_path / "run" / "videos" / "reach_ep000.mp4").exists()  # --video-episodes defaults to 1
+
+    again = runner.invoke(app, [*TINY, "--out", out])  # everything recorded: nothing to run
+    assert again.exit_code == 0, again.output
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["throughput"]["episodes_resumed"] == 2
+
+    other = runner.invoke(app, [*TINY, "--out", out, "--seed", "3"])
+    assert other.exit_code == 2
+    assert "seed: saved 0, now 3" in other.output and "--overwrite" in other.output
+
+
+def test_unreachable_server_exits_nonzero_naming_the_url(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"ws://127.0.0.1:{port}"
+    result = runner.invoke(
+        app, ["eval", "--policy", url, "--out", str(tmp_path), "--connect-timeout-s", "0.3", "--tasks", "reach"]
+    )
+    assert result.exit_code == 1
+    assert "cannot reach the policy server" in result.output and f"could not connect to {url}" in result.output
+
+
+def test_wrong_action_shape_exits_nonzero_naming_the_shapes(tmp_path: Path) -> None:
+    args = ["--policy", "cosmos_robot_server.example_policies:constant", "-a", "action_dim=6", "--out", str(tmp_path)]
+    result = runner.invoke(app, [*TINY[:1], *args, *TINY[5:]])
+    assert result.exit_code == 1
+    assert "policy returned actions of shape (10, 6)" in result.output and "(H, 7)" in result.output
+
+
+def test_unknown_task_exits_with_the_known_ones(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["eval", "--policy", "x:y", "--out", str(tmp_path), "--tasks", "reach,fly"])
+    assert result.exit_code == 2
+    assert "'fly' not in suite 'tabletop'" in result.output and "pick_place" in result.output
