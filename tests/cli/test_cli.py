@@ -22,7 +22,7 @@ runner = CliRunner()
 CLI = [sys.executable, "-m", "cosmos_robot.cli"]
 
 
-@pytest.mark.parametrize("command", [[], ["serve"], ["probe"], ["version"]])
+@pytest.mark.parametrize("command", [[], ["serve"], ["probe"], ["eval"], ["version"]])
 def test_every_command_has_help_with_an_example(command: list[str]) -> None:
     result = runner.invoke(app, [*command, "--help"])
     assert result.exit_code == 0, result.output

@@ -1,6 +1,6 @@
 """gym-pusht (an external CPU simulator people know) through the vector layer, sync and async.
 
-Why: the layer must drive envs we did not write, with their own nested-free Dict observations
+Why: the layer must drive envs we did not write, with their own flat Dict observations
 (``pixels`` uint8 image + ``agent_pos``) and rich info dicts (numpy arrays) that cross the worker pipe.
 """
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cosmos_robot_envs.vector import make_vector_env
+from tests.envs.test_vector import _assert_same
 
 pytest.importorskip("gym_pusht")
 
@@ -31,15 +32,7 @@ def test_pusht_runs_sync_and_async_identically() -> None:
                 trace.append((obs, rew, term, trunc))
             assert "coverage" in infos[0] and isinstance(infos[0]["block_pose"], np.ndarray)
             traces.append(trace)
-    for a, b in zip(*traces, strict=True):
-        if isinstance(a, dict):
-            a, b = (a,), (b,)
-        for x, y in zip(a, b, strict=True):
-            if isinstance(x, dict):
-                for key in x:
-                    np.testing.assert_array_equal(x[key], y[key])
-            else:
-                np.testing.assert_array_equal(x, y)
+    _assert_same(*traces)
 
 
 def test_pusht_partial_reset_keeps_other_env_running() -> None:

@@ -231,6 +231,14 @@ def test_render_returns_the_agent_view_and_close_releases_the_renderer() -> None
         env.close()
     assert env._renderer is None
     env.close()  # idempotent
+    state_only = make_env("reach", obs_mode="state", image_size=32, render_mode="rgb_array")
+    try:
+        state_only.reset(seed=0)
+        assert state_only._renderer is None  # nothing rendered until asked
+        frame = state_only.render()
+        assert frame is not None and frame.shape == (32, 32, 3) and frame.dtype == np.uint8
+    finally:
+        state_only.close()
     headless = make_env("reach", obs_mode="state")
     with pytest.warns(UserWarning, match="render_mode=None"):
         assert headless.render() is None

@@ -22,6 +22,7 @@ from gymnasium import spaces
 
 from cosmos_robot_envs.vector import ENV_ERROR, WORKER_CRASHED, WORKER_TIMEOUT, BatchedEnv, Mode, make_vector_env
 from cosmos_robot_envs.vector.subproc import AsyncBatchedEnv
+from cosmos_robot_envs.vector.wire import WireError, pack, unpack
 
 IMAGE = "observation/image"
 STATE = "observation/state"
@@ -287,16 +288,8 @@ def test_errors_name_the_problem() -> None:
         make_vector_env("CartPole-v1")
 
 
-def _tabletop_registered() -> bool:
-    try:
-        importlib.import_module("cosmos_robot_envs.tabletop")
-    except ImportError:
-        return False
-    return "CosmosRobot/Reach-v0" in gym.registry
-
-
-@pytest.mark.skipif(not _tabletop_registered(), reason="cosmos_robot_envs.tabletop not importable yet")
 def test_tabletop_env_runs_sync_and_async_identically() -> None:
+    importlib.import_module("cosmos_robot_envs.tabletop")  # registers CosmosRobot/* ids
     seeds, env_id = [0, 1], "CosmosRobot/Reach-v0"
     with make_vector_env(env_id, 2, "sync") as sync, make_vector_env(env_id, 2, "async") as asyn:
         sync.single_action_space.seed(0)
@@ -322,3 +315,27 @@ def test_spawn_start_method_recovers_too() -> None:
         venv.reset(seeds=[1], mask=np.array([True, False]))
         _, _, _, trunc, _ = venv.step(np.zeros((2, 2), np.float32))
         assert not trunc.any()
+
+
+def test_worker_wire_round_trips_numpy_and_refuses_what_pickle_would_need() -> None:
+    """The parent<->worker messages: arrays and numpy scalars keep dtype, shape and type; nothing
+    that would need pickle (objects, object arrays) is sent, and a forged header is refused."""
+    msg = {
+        "f4": np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::2],  # non-contiguous
+        "u8": np.zeros((0, 3), np.uint8),
+        "zero_d": np.array(2.5),
+        "flag": np.bool_(True),
+        "n": np.int16(-3),
+        "text": ["a", "b"],
+    }
+    out = unpack(pack(msg))
+    for key, value in msg.items():
+        assert type(out[key]) is type(value), key
+        np.testing.assert_array_equal(out[key], value)
+    assert out["f4"].dtype == np.float32 and out["f4"].flags.writeable
+    for bad in (object(), np.array([None]), np.array([1j])):
+        with pytest.raises(WireError, match="cannot send|cannot be sent"):
+            pack({"x": bad})
+    forged = pack({"x": np.zeros(4, np.float32)}).replace(b"\x04\x00\x00\x00\x00\x00\x00\x00", b"\x09" + b"\x00" * 7)
+    with pytest.raises(WireError, match="does not fit shape"):
+        unpack(forged)

@@ -18,6 +18,11 @@ Observation modes (``obs_mode``):
 on success and truncates at the task's ``max_steps`` (or the ``max_steps`` argument); the env does it
 itself rather than through ``TimeLimit`` because the multi-task env's horizon changes per episode.
 
+Vectorising: the project's vector layer (``cosmos_robot_envs.vector``) carries ``prompt`` correctly.
+gymnasium 1.4's own ``AsyncVectorEnv`` with ``shared_memory=True`` does not (it reads Text observations
+from shared memory once, at construction, so every prompt comes back blank); pass
+``vector_kwargs={"shared_memory": False}`` to ``gym.make_vec`` or use ``obs_mode="state"``.
+
 Rendering targets software GL: no shadows, no reflections, no skybox, an offscreen buffer the size of
 the image, and one ``mujoco.Renderer`` created on first use and shared by both cameras. Call
 ``close()`` to release its EGL context.
@@ -100,6 +105,7 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
         self._max_steps_override = max_steps
         self.sim = TabletopSim(*self.image_hw)
         self._renderer: mujoco.Renderer | None = None
+        self._agentview: np.ndarray | None = None  # the current state's agent view, if rendered
         self._task = self._tasks[0]
         self._steps = 0
 
@@ -175,6 +181,8 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
         if self.render_mode is None:
             gym.logger.warn("render() called with render_mode=None; pass render_mode='rgb_array' to the env")
             return None
+        if self._agentview is not None:  # already rendered for this state's observation
+            return self._agentview.copy()
         return self.render_camera("agentview")
 
     def close(self) -> None:
@@ -210,8 +218,9 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
         """The observation and info of the current simulation state."""
         objects = np.clip(object_state(self._task, self.sim), -OBJECT_STATE_HIGH, OBJECT_STATE_HIGH)
         obs: dict[str, Any] = {}
+        self._agentview = None
         if self.obs_mode in ("rgb", "all"):
-            obs["image"] = self.render_camera("agentview")
+            obs["image"] = self._agentview = self.render_camera("agentview")
             obs["wrist_image"] = self.render_camera("wrist")
         obs["state"] = np.clip(self.sim.state(), -STATE_HIGH, STATE_HIGH)
         if self.obs_mode in ("state", "all"):

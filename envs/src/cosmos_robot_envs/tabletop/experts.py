@@ -7,8 +7,8 @@ release) is read off the scene each step instead of being remembered. The same c
 the env directly (``act``), and serves chunks over the network (``ExpertPolicy``).
 
 Actions are LIBERO-style deltas in [-1, 1]: speeds stay below ``MAX_SPEED`` (0.75 of the action
-range), rotations only turn the hand about the vertical to match the cube, and the gripper command is
--1 (open) or +1 (close).
+range), rotations keep the fingers pointing down and turn the hand about the vertical to match the
+cube, and the gripper command is -1 (open) or +1 (close).
 """
 
 from __future__ import annotations

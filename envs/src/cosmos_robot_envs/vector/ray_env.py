@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from cosmos_robot_client.codec import CodecError, Packer, packb, unpackb
 from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd
 from cosmos_robot_envs.vector.runner import (
     ENV_ERROR,
@@ -35,6 +34,7 @@ from cosmos_robot_envs.vector.runner import (
     describe_exception,
 )
 from cosmos_robot_envs.vector.spaces import space_from_data
+from cosmos_robot_envs.vector.wire import WireError, pack, unpack
 
 __all__ = ["RayBatchedEnv"]
 
@@ -45,13 +45,12 @@ class EnvActor:
     def __init__(self, env_fn: EnvFn, index: int) -> None:
         self._env_fn, self._index = env_fn, index
         self._runner: EnvRunner | None = None
-        self._packer = Packer()
 
     def _pack(self, msg: dict[str, Any]) -> bytes:
         try:
-            return self._packer.pack(msg)
-        except CodecError as exc:
-            return self._packer.pack(
+            return pack(msg)
+        except WireError as exc:
+            return pack(
                 {"type": "error", "reason": ENV_ERROR, "message": f"env {self._index}: reply cannot be encoded ({exc})"}
             )
 
@@ -59,7 +58,7 @@ class EnvActor:
         try:
             if self._runner is None:
                 self._runner = EnvRunner(self._env_fn, self._index)
-            msg = unpackb(payload)
+            msg = unpack(payload)
             if msg["cmd"] == "spaces":
                 return self._pack({"type": "ready", **self._runner.spaces_message()})
             if msg["cmd"] == "reset":
@@ -97,7 +96,7 @@ class RayBatchedEnv(BatchedEnv):
         self._actor_cls: Any = ray.remote(**{"num_cpus": 1, **(actor_options or {})})(EnvActor)
         self._actors: list[Any] = [self._actor_cls.remote(fn, i) for i, fn in enumerate(self._env_fns)]
         try:
-            outcomes = self._call(dict.fromkeys(range(len(self._actors)), packb({"cmd": "spaces"})), reset_timeout)
+            outcomes = self._call(dict.fromkeys(range(len(self._actors)), pack({"cmd": "spaces"})), reset_timeout)
             failed = {i: o for i, o in outcomes.items() if not isinstance(o, dict)}
             if failed:
                 raise RuntimeError(
@@ -106,7 +105,7 @@ class RayBatchedEnv(BatchedEnv):
                         f"env {i}: {o.reason}: {o.message}" for i, o in failed.items() if isinstance(o, Failure)
                     )
                 )
-            described = [packb(outcomes[i]) for i in range(len(self._actors))]
+            described = [pack(outcomes[i]) for i in range(len(self._actors))]
             if any(d != described[0] for d in described):
                 raise ValueError("env actors report different spaces; all envs must match")
             first = outcomes[0]
@@ -145,7 +144,7 @@ class RayBatchedEnv(BatchedEnv):
                 results[i] = Failure(WORKER_TIMEOUT, message)
                 continue
             try:
-                msg = unpackb(ray.get(ref))
+                msg = unpack(ray.get(ref))
             except ray.exceptions.RayActorError as exc:
                 results[i] = Failure(WORKER_CRASHED, f"env {i}: actor died ({type(exc).__name__})")
                 continue
@@ -161,8 +160,8 @@ class RayBatchedEnv(BatchedEnv):
                 else {"cmd": "step", "action": np.asarray(cmd.action)}
             )
             try:
-                payloads[i] = packb(msg)
-            except CodecError as exc:
+                payloads[i] = pack(msg)
+            except WireError as exc:
                 raise TypeError(f"command for env {i} cannot be sent to its actor: {exc}") from exc
         outcomes: dict[int, Outcome] = {}
         for i, result in self._call(payloads, timeout).items():

@@ -3,7 +3,7 @@
 Why one class for all backends: the in-process, subprocess and Ray backends must behave identically
 (same seeds give the same trajectories, the same validation errors), so the code that touches the env
 lives here once and the backends only move its results around. The wire form of a reply is a plain
-dict for msgpack (``cosmos_robot_client.codec``): never pickle, numpy arrays as raw bytes.
+dict for msgpack (:mod:`cosmos_robot_envs.vector.wire`): never pickle, numpy arrays as raw bytes.
 """
 
 from __future__ import annotations

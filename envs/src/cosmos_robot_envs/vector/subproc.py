@@ -31,16 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from cosmos_robot_client.codec import CodecError, packb, unpackb
 from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd
 from cosmos_robot_envs.vector.runner import ENV_ERROR, WORKER_CRASHED, WORKER_TIMEOUT, EnvFn, EnvReply, Failure, Outcome
 from cosmos_robot_envs.vector.spaces import space_from_data
+from cosmos_robot_envs.vector.wire import WireError, pack, unpack
 from cosmos_robot_envs.vector.worker import SharedBlock, worker_main
 
 __all__ = ["AsyncBatchedEnv", "default_start_method"]
 
-_STEP = packb({"cmd": "step"})
-_CLOSE = packb({"cmd": "close"})
+_STEP = pack({"cmd": "step"})
+_CLOSE = pack({"cmd": "close"})
 
 
 def default_start_method() -> str:
@@ -111,7 +111,7 @@ class AsyncBatchedEnv(BatchedEnv):
             self._blocks.extend([*self._obs_blocks.values(), self._action_block])
             self._arrays = {k: b.array for k, b in self._obs_blocks.items() if b.array is not None}
             obs_specs = {k: b.spec() for k, b in self._obs_blocks.items()}
-            self._attach = packb({"cmd": "attach", "obs": obs_specs, "action": self._action_block.spec()})
+            self._attach = pack({"cmd": "attach", "obs": obs_specs, "action": self._action_block.spec()})
             for w in self._workers:
                 w.conn.send_bytes(self._attach)
         except BaseException:
@@ -171,8 +171,8 @@ class AsyncBatchedEnv(BatchedEnv):
         for i, cmd in commands.items():
             if isinstance(cmd, ResetCmd):
                 try:
-                    payloads[i] = packb({"cmd": "reset", "seed": cmd.seed, "options": cmd.options})
-                except CodecError as exc:
+                    payloads[i] = pack({"cmd": "reset", "seed": cmd.seed, "options": cmd.options})
+                except WireError as exc:
                     raise TypeError(f"options of env {i} cannot be sent to its worker: {exc}") from exc
             else:
                 self._action_block.array[i] = cmd.action  # type: ignore[index]
@@ -185,47 +185,41 @@ class AsyncBatchedEnv(BatchedEnv):
                 sent[i] = "reset" if isinstance(commands[i], ResetCmd) else "step"
             except OSError:
                 outcomes[i] = self._crash(i)
-        outcomes.update(self._collect(sent, timeout))
+        for i, answer in self._collect(sent, timeout).items():
+            assert answer is not None  # only "start" answers None
+            outcomes[i] = answer
         for i, outcome in outcomes.items():
             if isinstance(outcome, Failure):
                 self._restart(i)
         return outcomes
 
-    def _collect(self, pending_cmds: dict[int, str], timeout: float | None) -> dict[int, Outcome]:
-        """Await one reply per env in ``pending_cmds`` (a "ready" first from workers still starting)."""
+    def _collect(self, pending: dict[int, str], timeout: float | None) -> dict[int, Outcome | None]:
+        """Await each env's answer to ``pending[i]`` ("start" wants only the worker's "ready").
+
+        Envs are awaited in turn against one deadline: the slowest env bounds the total either way,
+        and a reply already waiting in its pipe costs a single poll.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
-        pending = dict(pending_cmds)
-        outcomes: dict[int, Outcome] = {}
-        while pending:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                break
-            handles: dict[Any, int] = {}
-            for i in pending:
-                handles[self._workers[i].conn] = i
-                handles[self._workers[i].process.sentinel] = i
-            for handle in wait(list(handles), remaining):
-                i = handles[handle]
-                if i not in pending:
-                    continue
-                result = self._receive(i)
-                if result is None:  # a "ready" message: keep waiting for the command's reply
-                    if pending[i] == "start":
-                        del pending[i]
-                    continue
-                outcomes[i] = result
-                del pending[i]
-        for i, what in pending.items():
-            pid = self._workers[i].pid
-            outcomes[i] = Failure(WORKER_TIMEOUT, f"env {i}: worker {pid} gave no reply to {what!r} within {timeout} s")
-        return outcomes
+        return {i: self._await(i, what, deadline, timeout) for i, what in pending.items()}
+
+    def _await(self, i: int, what: str, deadline: float | None, timeout: float | None) -> Outcome | None:
+        w = self._workers[i]
+        while True:
+            if not w.conn.poll():
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not wait([w.conn, w.process.sentinel], remaining):
+                    message = f"env {i}: worker {w.pid} gave no reply to {what!r} within {timeout} s"
+                    return Failure(WORKER_TIMEOUT, message)
+            result = self._receive(i)
+            if result is not None or what == "start":  # otherwise that was "ready": the reply follows
+                return result
 
     def _receive(self, i: int) -> Outcome | None:
         w = self._workers[i]
         if not w.conn.poll():
             return self._crash(i)  # only the sentinel fired: the process is gone
         try:
-            msg = unpackb(w.conn.recv_bytes())
+            msg = unpack(w.conn.recv_bytes())
         except (EOFError, OSError):
             return self._crash(i)
         kind = msg.get("type")
@@ -233,7 +227,7 @@ class AsyncBatchedEnv(BatchedEnv):
             spaces = {k: msg[k] for k in ("observation_space", "action_space")}
             if self._spaces is None:
                 self._spaces = spaces
-            elif packb(spaces) != packb(self._spaces):
+            elif pack(spaces) != pack(self._spaces):
                 return Failure(ENV_ERROR, f"env {i} reports different spaces than env 0; all envs must match")
             return None
         if kind == "error":

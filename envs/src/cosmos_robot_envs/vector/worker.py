@@ -2,7 +2,7 @@
 
 Why this protocol: the parent must be able to kill and replace a worker at any moment without
 corrupting the others, so each worker owns one pipe and one row of every shared-memory block.
-Messages are msgpack (``cosmos_robot_client.codec``) via ``send_bytes`` / ``recv_bytes``: nothing is
+Messages are msgpack (:mod:`cosmos_robot_envs.vector.wire`) via ``send_bytes`` / ``recv_bytes``: nothing is
 unpickled after start-up. Arrays (observations, actions) go through shared memory; only the reward,
 flags, info and text fields travel in the reply.
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from cosmos_robot_client.codec import CodecError, Packer, unpackb
 from cosmos_robot_envs.vector.runner import ENV_ERROR, EnvFn, EnvReply, EnvRunner, describe_exception
+from cosmos_robot_envs.vector.wire import WireError, pack, unpack
 
 __all__ = ["SharedBlock", "worker_main"]
 
@@ -56,11 +56,11 @@ class SharedBlock:
                 self.shm.unlink()
 
 
-def _send(conn: Connection, packer: Packer, msg: dict[str, Any], index: int) -> None:
+def _send(conn: Connection, msg: dict[str, Any], index: int) -> None:
     try:
-        payload = packer.pack(msg)
-    except CodecError as exc:
-        payload = packer.pack(
+        payload = pack(msg)
+    except WireError as exc:
+        payload = pack(
             {
                 "type": "error",
                 "reason": ENV_ERROR,
@@ -74,24 +74,22 @@ def _send(conn: Connection, packer: Packer, msg: dict[str, Any], index: int) -> 
 def worker_main(index: int, env_fn: EnvFn, conn: Connection) -> None:
     """Build the env, report its spaces, then serve commands until ``close`` or the parent goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
-    packer = Packer()
     try:
         runner = EnvRunner(env_fn, index)
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
         _send(
             conn,
-            packer,
             {"type": "error", "reason": ENV_ERROR, "message": "building the env failed:\n" + describe_exception(exc)},
             index,
         )
         return
-    _send(conn, packer, {"type": "ready", "pid": os.getpid(), **runner.spaces_message()}, index)
+    _send(conn, {"type": "ready", "pid": os.getpid(), **runner.spaces_message()}, index)
     obs_blocks: dict[str, SharedBlock] = {}
     action_block: SharedBlock | None = None
     try:
         while True:
             try:
-                msg = unpackb(conn.recv_bytes())
+                msg = unpack(conn.recv_bytes())
             except (EOFError, OSError):
                 return  # the parent closed the pipe or died
             cmd = msg["cmd"]
@@ -112,10 +110,10 @@ def worker_main(index: int, env_fn: EnvFn, conn: Connection) -> None:
                     assert block is not None
                     np.copyto(block[index], value, casting="same_kind")
             except Exception as exc:  # noqa: BLE001 - the parent reports it and replaces this worker
-                _send(conn, packer, {"type": "error", "reason": ENV_ERROR, "message": describe_exception(exc)}, index)
+                _send(conn, {"type": "error", "reason": ENV_ERROR, "message": describe_exception(exc)}, index)
                 continue
             reply.arrays = {}
-            _send(conn, packer, {"type": "reply", **reply.to_wire()}, index)
+            _send(conn, {"type": "reply", **reply.to_wire()}, index)
     finally:
         with contextlib.suppress(Exception):
             runner.close()
