@@ -16,7 +16,7 @@ export PYOPENGL_PLATFORM ?= egl
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export COSMOS_ROBOT_REQUIRE_OPENPI := 1
 PIP_QUIET := -q
-PROJECT_FILES := pyproject.toml clients/pyproject.toml policy_server/pyproject.toml envs/pyproject.toml
+PROJECT_FILES := pyproject.toml clients/pyproject.toml policy_server/pyproject.toml envs/pyproject.toml trainers/pyproject.toml
 
 .PHONY: help setup test test-fast test-py310 lint format typecheck demo bench clean system-deps
 
@@ -33,7 +33,7 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@echo "setup: $(VENV) with $(PY312)"
 	@test -x $(PY) || $(PY312) -m venv $(VENV)
 	@$(PY) -m pip install $(PIP_QUIET) --upgrade pip
-	@$(PY) -m pip install $(PIP_QUIET) -e clients -e policy_server -e "envs[ray,pusht]" -e ".[dev]"
+	@$(PY) -m pip install $(PIP_QUIET) -e clients -e policy_server -e "envs[ray,pusht]" -e ".[dev]" -e trainers
 	@touch $@
 
 # The real openpi-client / openpi-server from PyPI pin numpy<2, so they get a venv of their own.
@@ -80,8 +80,12 @@ test-fast: $(VENV)/.installed
 demo: setup
 	$(PY) -m cosmos_robot.demo
 
+# Each benchmark prints its table; serving.py also rewrites its section of docs/benchmarks.md.
 bench: setup
 	$(PY) benchmarks/serving.py --write docs/benchmarks.md
+	$(PY) benchmarks/envs_render.py
+	$(PY) benchmarks/envs_vector.py --envs cheap image tabletop
+	$(PY) benchmarks/envs_eval.py
 
 clean:
 	rm -rf $(VENV) .venv-openpi .venv-py310 .pytest_cache .mypy_cache .ruff_cache

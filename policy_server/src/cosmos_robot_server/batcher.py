@@ -174,6 +174,11 @@ class DynamicBatcher:
             for item in items:
                 self._queue.put_nowait(item)
         try:
+            if len(items) == 1:  # the common case: skip gather's bookkeeping
+                try:
+                    return [await items[0].future]
+                except Exception as exc:  # noqa: BLE001 - returned like gather(return_exceptions=True)
+                    return [exc]
             return list(await asyncio.gather(*(it.future for it in items), return_exceptions=True))
         finally:
             state.last_reply = time.perf_counter()

@@ -94,7 +94,7 @@ class TabletopSim:
         self._handle_geom = m.geom("handle").id
         self.finger_geoms = frozenset({m.geom("finger_left").id, m.geom("finger_right").id})
         self.cube_geoms = {name: m.geom(name).id for name in ("red_cube", "blue_cube")}
-        self.target_pos = np.zeros(3)
+        self.target_pos: np.ndarray = np.zeros(3)
         self.target_quat = np.array([1.0, 0.0, 0.0, 0.0])
 
     # ------------------------------------------------------------------ reset / step

@@ -1,0 +1,127 @@
+"""The transforms most policies need: rename/select keys, resize images, (un)normalise, fix action dims."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from cosmos_robot.normalize import FeatureStats, NormMode
+from cosmos_robot.transforms.base import register_transform
+
+__all__ = ["NormalizeKeys", "PadOrSliceActions", "RenameKeys", "ResizeImages", "SelectKeys", "UnnormalizeKeys"]
+
+
+@register_transform
+@dataclass(frozen=True)
+class RenameKeys:
+    """``{"observation/image": "image"}``: wire names -> model names (missing keys are left alone)."""
+
+    mapping: dict[str, str]
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        return {self.mapping.get(k, k): v for k, v in data.items()}
+
+
+@register_transform
+@dataclass(frozen=True)
+class SelectKeys:
+    """Keep only ``keys``; a missing required key is an error naming it and what was sent."""
+
+    keys: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        missing = [k for k in self.keys if k not in data]
+        if missing:
+            raise KeyError(f"observation is missing {missing} (got keys {sorted(data)})")
+        return {k: data[k] for k in (*self.keys, *self.optional) if k in data}
+
+
+@register_transform
+@dataclass(frozen=True)
+class ResizeImages:
+    """Resize HWC uint8 images to ``height`` x ``width`` (bilinear); a no-op when already that size."""
+
+    keys: tuple[str, ...]
+    height: int
+    width: int
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        for key in self.keys:
+            if key not in out:
+                continue
+            img = np.asarray(out[key])
+            if img.ndim != 3 or img.shape[-1] != 3:
+                raise ValueError(f"{key}: expected an HxWx3 image, got shape {img.shape}")
+            if img.shape[:2] != (self.height, self.width):
+                if img.dtype != np.uint8:
+                    img = np.clip(img * (255.0 if img.max() <= 1.0 else 1.0), 0, 255).astype(np.uint8)
+                img = np.asarray(Image.fromarray(img).resize((self.width, self.height), Image.Resampling.BILINEAR))
+            out[key] = img
+        return out
+
+
+def _stats(table: dict[str, dict[str, Any]], key: str) -> FeatureStats:
+    return FeatureStats.from_dict(table[key], name=f"stats[{key!r}]")
+
+
+@register_transform
+@dataclass(frozen=True)
+class NormalizeKeys:
+    """Normalise ``keys`` with per-key stats (``{"state": {"mean": [...], ...}}``)."""
+
+    stats: dict[str, dict[str, Any]]
+    mode: NormMode = "mean_std"
+    keys: tuple[str, ...] = field(default=())
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        for key in self.keys or tuple(self.stats):
+            if key in out:
+                st = _stats(self.stats, key)
+                x = np.asarray(out[key], dtype=np.float32)
+                if x.shape[-1] != st.mean.shape[0]:
+                    raise ValueError(f"{key}: expected last dimension {st.mean.shape[0]}, got shape {x.shape}")
+                out[key] = st.normalize(x, self.mode)
+        return out
+
+
+@register_transform
+@dataclass(frozen=True)
+class UnnormalizeKeys:
+    """The inverse of ``NormalizeKeys`` (used on ``actions`` coming out of the model)."""
+
+    stats: dict[str, dict[str, Any]]
+    mode: NormMode = "mean_std"
+    keys: tuple[str, ...] = field(default=())
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        for key in self.keys or tuple(self.stats):
+            if key in out:
+                out[key] = _stats(self.stats, key).unnormalize(np.asarray(out[key], dtype=np.float32), self.mode)
+        return out
+
+
+@register_transform
+@dataclass(frozen=True)
+class PadOrSliceActions:
+    """Make ``actions``' last dimension ``dim`` (slice padded model outputs, zero-pad short ones)."""
+
+    dim: int
+    key: str = "actions"
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        a = np.asarray(out[self.key])
+        if a.shape[-1] > self.dim:
+            a = a[..., : self.dim]
+        elif a.shape[-1] < self.dim:
+            pad = [(0, 0)] * (a.ndim - 1) + [(0, self.dim - a.shape[-1])]
+            a = np.pad(a, pad)
+        out[self.key] = a
+        return out

@@ -1,0 +1,1 @@
+"""cosmos-robot-trainers: post-training algorithms on the shared torch core."""
