@@ -84,7 +84,7 @@ demo: setup
 bench: setup
 	$(PY) benchmarks/serving.py --write docs/benchmarks.md
 	$(PY) benchmarks/envs_render.py
-	$(PY) benchmarks/envs_vector.py --envs cheap image tabletop
+	$(PY) benchmarks/envs_vector.py --envs cheap image tabletop tabletop-state
 	$(PY) benchmarks/envs_eval.py
 
 clean:

@@ -41,6 +41,7 @@ ENVS: dict[str, tuple[str, dict[str, Any], int]] = {  # name -> (id, kwargs, bat
     "cheap": ("Pendulum-v1", {}, 3000),
     "image": ("gym_pusht/PushT-v0", {"obs_type": "pixels_agent_pos"}, 400),
     "tabletop": ("CosmosRobot/Reach-v0", {}, 300),
+    "tabletop-state": ("CosmosRobot/Push-v0", {"obs_mode": "state"}, 2000),
 }
 
 
