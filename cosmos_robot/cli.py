@@ -7,6 +7,7 @@ stays instant and a command never pays for another's imports.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -40,6 +41,9 @@ def _transports(value: str) -> tuple[str, ...]:
 
 @app.command()
 def serve(
+    ckpt: Annotated[
+        Optional[str], typer.Option(help="Checkpoint folder of any supported family (config.json with its type).")
+    ] = None,
     policy: Annotated[
         Optional[str],
         typer.Option(help="Policy factory as MODULE:FACTORY, e.g. cosmos_robot_server.example_policies:constant."),
@@ -72,6 +76,8 @@ def serve(
 
     Example:
 
+        cosmos-robot serve --ckpt checkpoints/flow_tabletop --transport both
+
         cosmos-robot serve --policy cosmos_robot_server.example_policies:constant -a action_horizon=10 --transport all
     """
     import logging
@@ -80,9 +86,9 @@ def serve(
     from cosmos_robot_server import PolicyServer, ServerConfig
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if policy is None:
+    if (policy is None) == (ckpt is None):
         raise typer.BadParameter(
-            "pass --policy MODULE:FACTORY (checkpoint folders arrive with --ckpt)", param_hint="--policy"
+            "pass exactly one of --ckpt DIR or --policy MODULE:FACTORY", param_hint="--ckpt/--policy"
         )
     try:
         config = ServerConfig(
@@ -97,8 +103,13 @@ def serve(
             max_message_bytes=int(max_message_mb * 1024 * 1024),
             enable_kill=enable_kill,
         )
-        pol = load_policy(policy, parse_policy_args(policy_arg or []))
-    except (PolicyLoadError, ValueError) as exc:
+        if ckpt is not None:
+            from cosmos_robot.policies import load_policy as load_checkpoint
+
+            pol = load_checkpoint(ckpt)
+        else:
+            pol = load_policy(str(policy), parse_policy_args(policy_arg or []))
+    except (PolicyLoadError, ValueError) as exc:  # CheckpointError is a ValueError too
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
     server = PolicyServer(pol, config)
@@ -106,7 +117,7 @@ def serve(
 
     def announce() -> None:
         urls = ", ".join(f"{name} {schemes[name]}://{host}:{p}" for name, p in server.ports.items())
-        typer.echo(f"ready: serving {policy} on {urls} (Ctrl-C to stop)")
+        typer.echo(f"ready: serving {ckpt or policy} on {urls} (Ctrl-C to stop)")
 
     try:
         server.serve_forever(on_ready=announce)
@@ -138,14 +149,17 @@ def probe(
 
 @app.command()
 def eval(
+    out: Annotated[str, typer.Option(help="Output folder (episodes.jsonl, results.json, report.html, videos/).")],
     policy: Annotated[
-        str,
+        Optional[str],
         typer.Option(
             help="A running server (ws://HOST:PORT) or an in-process policy factory MODULE:FACTORY, "
             "e.g. cosmos_robot_envs.tabletop:ExpertPolicy."
         ),
-    ],
-    out: Annotated[str, typer.Option(help="Output folder (episodes.jsonl, results.json, report.html, videos/).")],
+    ] = None,
+    ckpt: Annotated[
+        Optional[str], typer.Option(help="A checkpoint folder evaluated in-process with batched inference.")
+    ] = None,
     policy_arg: Annotated[
         Optional[list[str]],
         typer.Option("--policy-arg", "-a", help="KEY=VALUE passed to an in-process factory (repeatable)."),
@@ -184,6 +198,8 @@ def eval(
     Example:
 
         cosmos-robot eval --policy ws://127.0.0.1:8000 --tasks reach,push --episodes-per-task 20 --out runs/e1
+
+        cosmos-robot eval --ckpt checkpoints/flow_tabletop --num-envs 8 --out runs/e2
     """
     from rich.console import Console
     from rich.table import Table
@@ -204,19 +220,24 @@ def eval(
         typer.secho(f"error: {message}", fg="red", err=True)
         return typer.Exit(code)
 
-    remote = is_websocket_url(policy)
+    if (policy is None) == (ckpt is None):
+        raise fail("pass exactly one of --policy (server URL or MODULE:FACTORY) or --ckpt (checkpoint folder)", 2)
+    source = policy if policy is not None else f"ckpt:{Path(str(ckpt)).resolve()}"
+    remote = policy is not None and is_websocket_url(policy)
     try:
+        if ckpt is not None and policy_arg:
+            raise ValueError("--policy-arg only applies to an in-process MODULE:FACTORY policy, not --ckpt")
         if remote and policy_arg:
             raise ValueError("--policy-arg only applies to an in-process MODULE:FACTORY policy, not a server URL")
         task_list = [t.strip() for t in tasks.split(",") if t.strip()] if tasks else []
         resolved = get_suite(suite).resolve_tasks(task_list)
         policy_kwargs: dict[str, object] = {}
-        if not remote:
+        if policy is not None and not remote:
             from cosmos_robot.policy_loading import parse_policy_args
 
             policy_kwargs = parse_policy_args(policy_arg or [])
         config = EvalConfig(
-            policy=policy,
+            policy=source,
             policy_args=policy_kwargs,
             suite=suite,
             tasks=resolved,
@@ -236,15 +257,23 @@ def eval(
     if remote:
         try:
             pol = connect_websocket(
-                policy, api_key=api_key, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s
+                source, api_key=api_key, connect_timeout_s=connect_timeout_s, request_timeout_s=request_timeout_s
             )
         except (ConnectionError, PermissionError, ValueError) as exc:
             raise fail(f"cannot reach the policy server: {exc}", 1) from exc  # exc names the URL
+    elif ckpt is not None:
+        from cosmos_robot.policies import CheckpointError
+        from cosmos_robot.policies import load_policy as load_checkpoint
+
+        try:
+            pol = load_checkpoint(ckpt)
+        except CheckpointError as exc:
+            raise fail(str(exc), 2) from exc
     else:
         from cosmos_robot.policy_loading import PolicyLoadError, load_policy
 
         try:
-            pol = load_policy(policy, policy_kwargs)
+            pol = load_policy(source, policy_kwargs)
         except PolicyLoadError as exc:
             raise fail(str(exc), 2) from exc
 
@@ -255,7 +284,7 @@ def eval(
                 config,
                 pol,
                 out,
-                policy_kind="websocket" if remote else "in_process",
+                policy_kind="websocket" if remote else "checkpoint" if ckpt is not None else "in_process",
                 overwrite=overwrite,
                 callbacks=progress,
             )
@@ -267,7 +296,7 @@ def eval(
     except PolicyOutputError as exc:
         raise fail(str(exc), 1) from exc
     except (ConnectionError, TimeoutError, RuntimeError) as exc:
-        raise fail(f"policy {policy}: {exc}", 1) from exc
+        raise fail(f"policy {source}: {exc}", 1) from exc
     finally:
         close = getattr(pol, "close", None)
         if remote and callable(close):
