@@ -65,46 +65,51 @@ class ResizeImages:
         return out
 
 
-def _stats(table: dict[str, dict[str, Any]], key: str) -> FeatureStats:
-    return FeatureStats.from_dict(table[key], name=f"stats[{key!r}]")
-
-
-@register_transform
 @dataclass(frozen=True)
-class NormalizeKeys:
-    """Normalise ``keys`` with per-key stats (``{"state": {"mean": [...], ...}}``)."""
+class _StatsTransform:
+    """Shared body of (un)normalisation: per-key stats parsed once, checked against each value."""
 
     stats: dict[str, dict[str, Any]]
     mode: NormMode = "mean_std"
     keys: tuple[str, ...] = field(default=())
 
-    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+    def __post_init__(self) -> None:
+        parsed = {k: FeatureStats.from_dict(v, name=f"stats[{k!r}]") for k, v in self.stats.items()}
+        missing = [k for k in self.keys if k not in parsed]
+        if missing:
+            raise ValueError(f"{type(self).__name__}: no stats for keys {missing} (have {sorted(parsed)})")
+        object.__setattr__(self, "_parsed", parsed)
+
+    def _apply(self, data: dict[str, Any], inverse: bool) -> dict[str, Any]:
         out = dict(data)
-        for key in self.keys or tuple(self.stats):
-            if key in out:
-                st = _stats(self.stats, key)
-                x = np.asarray(out[key], dtype=np.float32)
-                if x.shape[-1] != st.mean.shape[0]:
-                    raise ValueError(f"{key}: expected last dimension {st.mean.shape[0]}, got shape {x.shape}")
-                out[key] = st.normalize(x, self.mode)
+        parsed: dict[str, FeatureStats] = self._parsed  # type: ignore[attr-defined]
+        for key in self.keys or tuple(parsed):
+            if key not in out:
+                continue
+            st = parsed[key]
+            x = np.asarray(out[key], dtype=np.float32)
+            if x.shape[-1] != st.mean.shape[0]:
+                raise ValueError(f"{key}: expected last dimension {st.mean.shape[0]}, got shape {x.shape}")
+            out[key] = st.unnormalize(x, self.mode) if inverse else st.normalize(x, self.mode)
         return out
 
 
 @register_transform
 @dataclass(frozen=True)
-class UnnormalizeKeys:
+class NormalizeKeys(_StatsTransform):
+    """Normalise ``keys`` (default: every key with stats) with per-key stats ``{"state": {"mean": ...}}``."""
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        return self._apply(data, inverse=False)
+
+
+@register_transform
+@dataclass(frozen=True)
+class UnnormalizeKeys(_StatsTransform):
     """The inverse of ``NormalizeKeys`` (used on ``actions`` coming out of the model)."""
 
-    stats: dict[str, dict[str, Any]]
-    mode: NormMode = "mean_std"
-    keys: tuple[str, ...] = field(default=())
-
     def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
-        out = dict(data)
-        for key in self.keys or tuple(self.stats):
-            if key in out:
-                out[key] = _stats(self.stats, key).unnormalize(np.asarray(out[key], dtype=np.float32), self.mode)
-        return out
+        return self._apply(data, inverse=True)
 
 
 @register_transform

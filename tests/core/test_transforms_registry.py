@@ -1,0 +1,86 @@
+"""Transforms round-trip through their saved config; the registry names bad checkpoint folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cosmos_robot.normalize import FeatureStats, compute_stats
+from cosmos_robot.policies import CheckpointError, detect_family, load_policy
+from cosmos_robot.transforms import (
+    NormalizeKeys,
+    PadOrSliceActions,
+    RenameKeys,
+    ResizeImages,
+    SelectKeys,
+    UnnormalizeKeys,
+    run_transforms,
+    transforms_from_config,
+    transforms_to_config,
+)
+
+
+def test_pipeline_round_trips_through_config() -> None:
+    rng = np.random.default_rng(0)
+    stats = {"state": compute_stats(rng.normal(3, 2, (200, 4))).to_dict()}
+    pipeline = [
+        RenameKeys({"observation/state": "state", "observation/image": "image"}),
+        SelectKeys(("state", "image")),
+        ResizeImages(("image",), 8, 8),
+        NormalizeKeys(stats, "mean_std"),
+    ]
+    rebuilt = transforms_from_config(json.loads(json.dumps(transforms_to_config(pipeline))))
+    obs = {"observation/state": rng.normal(3, 2, 4), "observation/image": np.zeros((16, 16, 3), np.uint8), "x": 1}
+    a, b = run_transforms(pipeline, dict(obs)), run_transforms(rebuilt, dict(obs))
+    assert sorted(a) == ["image", "state"] and a["image"].shape == (8, 8, 3)
+    np.testing.assert_array_equal(a["state"], b["state"])
+
+
+@pytest.mark.parametrize("mode", ["mean_std", "min_max", "quantile"])
+def test_normalize_inverts(mode: str) -> None:
+    x = np.random.default_rng(1).normal(0, 5, (100, 3)).astype(np.float32)
+    x[:, 2] = 7.0  # a constant dimension passes through instead of dividing by zero
+    stats = {"actions": compute_stats(x).to_dict()}
+    y = NormalizeKeys(stats, mode)({"actions": x})["actions"]  # type: ignore[arg-type]
+    assert np.isfinite(y).all()
+    back = UnnormalizeKeys(stats, mode)({"actions": y})["actions"]  # type: ignore[arg-type]
+    np.testing.assert_allclose(back, x, rtol=1e-5, atol=1e-4)
+
+
+def test_transform_errors_name_the_problem() -> None:
+    stats = {"state": compute_stats(np.zeros((3, 4))).to_dict()}
+    with pytest.raises(ValueError, match=r"state: expected last dimension 4, got shape \(3,\)"):
+        NormalizeKeys(stats)({"state": np.zeros(3)})
+    with pytest.raises(ValueError, match=r"no stats for keys \['action'\]"):
+        NormalizeKeys(stats, keys=("action",))
+    with pytest.raises(KeyError, match="missing \\['state'\\]"):
+        SelectKeys(("state",))({"image": 1})
+    with pytest.raises(ValueError, match="did you mean 'RenameKeys'"):
+        transforms_from_config([{"name": "RenameKey", "mapping": {}}])
+    with pytest.raises(ValueError, match="HxWx3"):
+        ResizeImages(("image",), 4, 4)({"image": np.zeros((4, 4))})
+    assert PadOrSliceActions(2)({"actions": np.ones((5, 4))})["actions"].shape == (5, 2)
+    assert PadOrSliceActions(6)({"actions": np.ones((5, 4))})["actions"].shape == (5, 6)
+    with pytest.raises(ValueError, match="missing"):
+        FeatureStats.from_dict({"mean": [0.0]}, name="stats['x']")
+
+
+def test_detect_family_errors(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        detect_family(tmp_path / "nope")
+    with pytest.raises(CheckpointError, match="missing config.json"):
+        detect_family(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"type": "flwo"}))
+    with pytest.raises(CheckpointError, match="unknown policy type 'flwo'; did you mean 'flow'"):
+        load_policy(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"no_type": 1}))
+    with pytest.raises(CheckpointError, match="missing the 'type' field"):
+        detect_family(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        detect_family(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"type": "flow"}))
+    assert detect_family(tmp_path) == "flow"
