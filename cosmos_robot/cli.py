@@ -315,6 +315,143 @@ def eval(
 
 
 @app.command()
+def record(
+    out: Annotated[str, typer.Option(help="Dataset folder to create (a LeRobot v3 dataset).")],
+    suite: Annotated[str, typer.Option(help="Env suite.")] = "tabletop",
+    tasks: Annotated[
+        Optional[str], typer.Option(help="Comma-separated task names of the suite (default: all of them).")
+    ] = None,
+    episodes_per_task: Annotated[int, typer.Option(help="Expert rollouts per task.")] = 50,
+    num_envs: Annotated[int, typer.Option(help="Envs stepped in parallel.")] = 4,
+    image_size: Annotated[int, typer.Option(help="Camera image side in pixels.")] = 128,
+    seed: Annotated[
+        int, typer.Option(help="Base seed; episode seeds hash it with the task and index (disjoint from eval's).")
+    ] = 0,
+    only_success: Annotated[
+        bool, typer.Option("--only-success/--keep-failed", help="Keep only episodes the expert solved.")
+    ] = True,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing dataset in --out.")] = False,
+    vector_mode: Annotated[str, typer.Option(help="async (a worker process per env) or sync (in-process).")] = "async",
+    videos: Annotated[
+        bool, typer.Option(help="Store cameras as MP4 (LeRobot's encoder, lossy) instead of PNG frames.")
+    ] = False,
+    max_steps: Annotated[
+        Optional[int], typer.Option(help="Override every task's episode horizon (control steps).")
+    ] = None,
+    repo_id: Annotated[str, typer.Option(help="LeRobot dataset id (a name only, nothing is uploaded).")] = (
+        "local/cosmos_robot_tabletop"
+    ),
+) -> None:
+    """Record scripted-expert demonstrations as a LeRobot dataset (cameras, state, actions, instruction).
+
+    Episodes stop at success; failed rollouts are dropped unless --keep-failed. The seeds, the
+    command and any dropped episodes are listed in DIR/meta/cosmos_robot.json. Read it back with
+    LeRobotDataset(repo_id, root=DIR) or cosmos_robot.data.load_demonstrations.
+
+    Example:
+
+        cosmos-robot record --tasks reach,push,pick_place,open_drawer --episodes-per-task 50 --out data/tabletop
+    """
+    import os
+
+    if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
+        os.environ["MUJOCO_GL"] = "egl"  # headless rendering; must be set before env workers start
+
+    from rich.console import Console
+
+    from cosmos_robot.data.progress import RichRecordProgress
+    from cosmos_robot.data.record import RecordConfig, record_demonstrations
+
+    def fail(message: str, code: int) -> typer.Exit:
+        typer.secho(f"error: {message}", fg="red", err=True)
+        return typer.Exit(code)
+
+    try:
+        config = RecordConfig(
+            tasks=tuple(t.strip() for t in tasks.split(",") if t.strip()) if tasks else (),
+            episodes_per_task=episodes_per_task,
+            suite=suite,
+            num_envs=num_envs,
+            image_size=image_size,
+            seed=seed,
+            only_success=only_success,
+            vector_mode=vector_mode,
+            use_videos=videos,
+            max_steps=max_steps,
+            repo_id=repo_id,
+        )
+    except ValueError as exc:
+        raise fail(str(exc), 2) from exc
+    console = Console(stderr=True)
+    try:
+        with RichRecordProgress(console) as progress:
+            summary = record_demonstrations(
+                config, out, overwrite=overwrite, callbacks=progress, command=["cosmos-robot", *sys.argv[1:]]
+            )
+    except KeyboardInterrupt:
+        typer.secho(f"interrupted; the episodes written so far form a valid dataset in {out}", err=True)
+        raise typer.Exit(130) from None
+    except (FileExistsError, ValueError) as exc:
+        raise fail(str(exc), 2) from exc
+    except RuntimeError as exc:
+        raise fail(str(exc), 1) from exc
+    counts, thr = summary["counts"], summary["throughput"]
+    typer.echo(
+        f"kept {counts['kept']}/{counts['rolled_out']} episodes ({counts['frames']} frames), "
+        f"{counts['failed']} failed; {thr['episodes_per_min']:.1f} episodes/min; dataset: {out}"
+    )
+
+
+@app.command()
+def train(
+    recipe: Annotated[
+        str, typer.Argument(help="Recipe name in recipes/ (e.g. sft_flow_tabletop, debug) or a .toml path.")
+    ],
+    set_: Annotated[
+        Optional[list[str]],
+        typer.Option("--set", "-s", help="Override a recipe field: KEY=VALUE with a dotted key (repeatable)."),
+    ] = None,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from the newest checkpoint in the output folder (--no-resume refuses to).")
+    ] = True,
+    overwrite: Annotated[
+        bool, typer.Option(help="Delete a previous run in the output folder and start fresh.")
+    ] = False,
+) -> None:
+    """Train a policy from a recipe: records the demonstrations if missing, checkpoints, resumes.
+
+    Writes config.resolved.json, metrics.jsonl, TensorBoard events, checkpoints/step_XXXXXX/ and
+    final/ (a policy folder for `cosmos-robot serve --ckpt` / `eval --ckpt`) into the recipe's
+    output.dir. Rerunning the same command after an interruption continues from the newest
+    checkpoint with the same loss curve; a recipe that differs in a training field is refused.
+
+    Example:
+
+        cosmos-robot train sft_flow_tabletop --set train.steps=2000 --set output.dir=runs/sft_short
+    """
+    from cosmos_robot.config import ConfigError
+
+    try:
+        from cosmos_robot_trainers.launch import launch
+        from cosmos_robot_trainers.sft.rundir import RunDirError
+    except ImportError as exc:
+        typer.secho(f"error: training needs cosmos-robot-trainers (pip install -e trainers): {exc}", fg="red", err=True)
+        raise typer.Exit(2) from exc
+    try:
+        result = launch(
+            recipe, list(set_ or []), resume=resume, overwrite=overwrite, log=lambda m: typer.echo(m, err=True)
+        )
+    except (ConfigError, RunDirError, FileNotFoundError, FileExistsError) as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from exc
+    except KeyboardInterrupt:
+        typer.secho("interrupted; rerun the same command to resume from the newest checkpoint", err=True)
+        raise typer.Exit(130) from None
+    final = f"; policy: {result.final_dir}" if result.final_dir else ""
+    typer.echo(f"step {result.step}: {result.out_dir}{final}")
+
+
+@app.command()
 def version() -> None:
     """Print the versions of the cosmos-robot packages.
 

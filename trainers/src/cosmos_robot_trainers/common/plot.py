@@ -10,7 +10,9 @@ from cosmos_robot_trainers.common.metrics import read_metrics
 __all__ = ["plot_learning_curve"]
 
 
-def plot_learning_curve(run_dir: str | Path, keys: Sequence[str] = ("loss", "lr"), out: str | Path | None = None) -> Path | None:
+def plot_learning_curve(
+    run_dir: str | Path, keys: Sequence[str] = ("loss", "lr"), out: str | Path | None = None
+) -> Path | None:
     """Plot ``keys`` against ``step`` (one panel each, log-scale y for positive series); None if no data."""
     import matplotlib
 

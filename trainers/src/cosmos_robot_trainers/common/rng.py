@@ -39,7 +39,7 @@ def configure_torch(num_threads: int | None, deterministic: bool) -> None:
 
 def capture_rng_state() -> dict[str, Any]:
     """The state of every global generator, as tensors and plain values."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),

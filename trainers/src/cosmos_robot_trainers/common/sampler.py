@@ -29,7 +29,7 @@ class EpochBatchSampler:
         self.seed = seed
         self.batches_drawn = 0
         self._epoch = -1
-        self._perm = np.arange(num_items)
+        self._perm: np.ndarray = np.arange(num_items)
 
     @property
     def batches_per_epoch(self) -> int:

@@ -1,0 +1,77 @@
+"""Write finished episodes on a background thread while the envs keep stepping.
+
+Why: LeRobot's ``save_episode`` costs ~0.3 s per episode at 128 px (per-episode image statistics,
+PNG embedding, parquet), several times the cost of simulating it. Done inline, every env would wait
+for it. On a thread it overlaps with env stepping: PNG codecs, numpy reductions and the simulator
+workers all run outside the GIL. The queue is bounded so a slow disk throttles the rollouts instead
+of filling memory, and an error in the writer is re-raised in the caller at the next ``put`` or on exit.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Generic, TypeVar
+
+__all__ = ["BackgroundWriter"]
+
+T = TypeVar("T")
+_STOP = object()
+
+
+class BackgroundWriter(Generic[T]):
+    """``with BackgroundWriter(write) as w: w.put(item)``: ``write(item)`` runs on one thread, in order."""
+
+    def __init__(self, write: Callable[[T], None], max_pending: int = 8) -> None:
+        self._write = write
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, max_pending))
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="episode-writer", daemon=True)
+
+    def __enter__(self) -> BackgroundWriter[T]:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if self._error is None:
+                try:
+                    self._write(item)  # type: ignore[arg-type]
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                    self._error = exc
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"writing an episode failed: {self._error}") from self._error
+
+    def put(self, item: T) -> None:
+        """Queue ``item`` (blocks while ``max_pending`` items wait); re-raises an earlier write error."""
+        self._raise()
+        while True:
+            try:
+                self._queue.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                self._raise()
+                if not self._thread.is_alive():
+                    raise RuntimeError("the episode writer thread stopped") from None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is not None:
+            # interrupted: drop what has not been written yet, then let the thread finish its current item
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+        self._queue.put(_STOP)
+        self._thread.join()
+        if exc_type is None:
+            self._raise()

@@ -1,0 +1,106 @@
+"""``FlowConfig``: every number that shapes the embedded flow policy, validated, saved as ``config.json``.
+
+Why one flat, strict config: the checkpoint folder must rebuild the identical model from this file
+alone (``FlowModel(FlowConfig(**json))``), and a typo or an impossible combination (an image size
+the patch stem cannot tile, a noise bound above its ceiling) must fail when the recipe is read,
+naming the field, not as a shape error deep in a forward pass. Field comments give unit and purpose.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from cosmos_robot.config import StrictModel
+from cosmos_robot.normalize import NormMode
+
+__all__ = ["FlowConfig"]
+
+
+class FlowConfig(StrictModel):
+    """The embedded flow-matching action-chunk policy (``config.json`` of a ``flow`` checkpoint)."""
+
+    type: Literal["flow"] = "flow"  # family name read by the policy registry; always "flow"
+
+    # --- observation / action layout -------------------------------------------------------------
+    image_size: int = Field(default=64, ge=16, le=512)  # model input side in pixels; the policy resizes incoming images
+    cameras: tuple[str, ...] = ("image", "wrist_image")  # camera names; wire key is "observation/<name>"
+    state_dim: int = Field(
+        default=8, ge=1
+    )  # proprioceptive state length (tabletop: eef pos 3, axis-angle 3, fingers 2)
+    action_dim: int = Field(default=7, ge=1)  # action length per step (tabletop: dpos 3, drot 3, gripper 1)
+    horizon: int = Field(default=10, ge=1)  # H: action-chunk length predicted per call (steps)
+    num_flow_steps: int = Field(default=10, ge=1)  # K: Euler steps of the denoising ODE (serving) and of SDE rollouts
+
+    # --- vision encoder (shared across cameras) --------------------------------------------------
+    encoder_patch: int = Field(
+        default=4, ge=1
+    )  # stem stride = kernel (pixels per feature cell); image_size % patch == 0
+    encoder_channels: int = Field(default=32, ge=4)  # conv width of the stem and the 3x3 convs
+    encoder_convs: int = Field(default=2, ge=0)  # number of 3x3 convs after the stem (receptive field 1 + 2*n cells)
+    num_keypoints: int = Field(default=32, ge=1)  # spatial-softmax keypoints per camera (each gives an (x, y) feature)
+
+    # --- trunk (shared context for the expert, value head and noise head) ------------------------
+    state_embed_dim: int = Field(default=64, ge=1)  # width of the state projection fed to the trunk
+    text_buckets: int = Field(default=4096, ge=2)  # hashed word/bigram vocabulary (crc32 % buckets); bucket 0 = empty
+    text_dim: int = Field(default=64, ge=1)  # instruction embedding width (EmbeddingBag mean over hashed tokens)
+    trunk_width: int = Field(default=256, ge=8)  # context vector width
+    trunk_depth: int = Field(default=2, ge=1)  # hidden layers of the trunk MLP
+
+    # --- action expert (velocity field over the flattened H x D chunk) ---------------------------
+    expert_width: int = Field(default=256, ge=8)  # hidden width of the residual FiLM MLP
+    expert_depth: int = Field(default=3, ge=1)  # residual blocks
+    time_embed_dim: int = Field(default=64, ge=4)  # sinusoidal embedding width of the flow time t (even)
+
+    # --- RL heads --------------------------------------------------------------------------------
+    value_widths: tuple[int, ...] = (256, 128)  # hidden widths of the value MLP on the trunk context
+    noise_widths: tuple[int, ...] = (128, 64)  # hidden widths of the Flow-Noise std MLP on expert features
+    noise_std_min: float = Field(
+        default=0.08, gt=0.0
+    )  # lower bound of the learned Flow-Noise std (normalised action units)
+    noise_std_max: float = Field(default=0.16, gt=0.0)  # upper bound of the learned Flow-Noise std
+    noise_level: float = Field(default=0.5, gt=0.0)  # a in Flow-SDE sigma_t = a * sqrt(t / (1 - t))
+
+    # --- training / serving conventions ----------------------------------------------------------
+    time_sampling: Literal["beta", "uniform"] = "beta"  # flow-loss t: openpi's Beta(1.5, 1) (noisier t) or U(0, 1)
+    norm_mode: NormMode = "mean_std"  # how state and actions are normalised with the checkpoint's stats
+    serve_noise: Literal["fixed", "zero", "random"] = "fixed"  # serving x_1: seeded, all-zero, or fresh each call
+    serve_seed: int = 0  # seed of the fixed serving noise (identical inputs -> identical actions)
+    seed: int = 0  # weight-initialisation seed (FlowModel(config) is deterministic)
+
+    @field_validator("cameras")
+    @classmethod
+    def _cameras_ok(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("needs at least one camera name, e.g. ['image']")
+        if len(set(value)) != len(value):
+            raise ValueError(f"camera names repeat: {list(value)}")
+        for name in value:
+            if not name.isidentifier():
+                raise ValueError(f"camera name {name!r} must be an identifier (it becomes 'observation/{name}')")
+        return value
+
+    @field_validator("time_embed_dim")
+    @classmethod
+    def _even(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError(f"must be even (sin and cos halves), got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FlowConfig:
+        if self.image_size % self.encoder_patch:
+            raise ValueError(
+                f"image_size ({self.image_size}) must be a multiple of encoder_patch ({self.encoder_patch})"
+            )
+        if not self.noise_std_min < self.noise_std_max:
+            raise ValueError(f"noise_std_min ({self.noise_std_min}) must be below noise_std_max ({self.noise_std_max})")
+        return self
+
+    @property
+    def wire_keys(self) -> dict[str, str]:
+        """Wire (openpi) key -> model key: ``observation/image`` -> ``image``, ``observation/state`` -> ``state``."""
+        keys = {f"observation/{cam}": cam for cam in self.cameras}
+        keys["observation/state"] = "state"
+        return keys

@@ -1,0 +1,60 @@
+"""``cosmos-robot train RECIPE``: pick the trainer a recipe names, validate it, run it.
+
+Why a dispatch table keyed by the recipe's ``trainer`` field: one command launches every algorithm
+(SFT today; PPO, GRPO, ... as they land), and each trainer's config model and entry point are
+imported only when a recipe asks for them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from cosmos_robot.config import ConfigError, apply_overrides, find_recipe, load_recipe
+
+__all__ = ["TRAINERS", "launch", "load_train_recipe"]
+
+# trainer name -> ("module:ConfigClass", "module:run_function")
+TRAINERS: dict[str, tuple[str, str]] = {
+    "sft": ("cosmos_robot_trainers.sft.config:SFTConfig", "cosmos_robot_trainers.sft.trainer:run_sft"),
+}
+
+
+def _resolve(target: str) -> Any:
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def load_train_recipe(recipe: str | Path, overrides: list[str] | None = None) -> tuple[str, Any]:
+    """``(trainer name, validated config)`` of a recipe name or path with ``--set`` overrides applied."""
+    path = find_recipe(recipe)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
+    name = apply_overrides(raw, overrides or []).get("trainer", "sft")
+    if name not in TRAINERS:
+        hint = difflib.get_close_matches(str(name), list(TRAINERS), n=1)
+        extra = f"; did you mean {hint[0]!r}?" if hint else f" (known: {', '.join(sorted(TRAINERS))})"
+        raise ConfigError(f"{path}: trainer: unknown trainer {name!r}{extra}")
+    config_cls = _resolve(TRAINERS[name][0])
+    return name, load_recipe(path, overrides, config_cls)
+
+
+def launch(
+    recipe: str | Path,
+    overrides: list[str] | None = None,
+    *,
+    resume: bool = True,
+    overwrite: bool = False,
+    log: Callable[[str], None] = print,
+) -> Any:
+    """Validate and run a recipe; returns the trainer's result object."""
+    name, config = load_train_recipe(recipe, overrides)
+    run = _resolve(TRAINERS[name][1])
+    return run(config, resume=resume, overwrite=overwrite, log=log)

@@ -1,0 +1,167 @@
+"""The SFT recipe: what data, which model, how to optimise, how long, where to write.
+
+Every field documents its unit and purpose (a recipe is read more often than this file). A recipe
+is a TOML file in ``recipes/`` validated by this model; ``--set train.lr=1e-3`` overrides a field
+and a typo is an error naming the dotted field with a "did you mean".
+
+``RUNTIME_FIELDS`` lists what may change when a run is resumed (logging cadence, output options,
+evaluation hooks): anything else changes what the model learns, and resuming into a folder whose
+saved recipe differs in such a field is refused, naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from cosmos_robot.config import StrictModel
+from cosmos_robot.policies.flow import FlowConfig
+
+__all__ = [
+    "RUNTIME_FIELDS",
+    "AugmentConfig",
+    "DataConfig",
+    "EvalHookConfig",
+    "OptimConfig",
+    "OutputConfig",
+    "SFTConfig",
+    "TrainConfig",
+    "training_relevant_diff",
+]
+
+TABLETOP_TASKS = ["reach", "push", "pick_place", "open_drawer"]
+
+
+class DataConfig(StrictModel):
+    """The demonstrations: a LeRobotDataset folder, recorded from the scripted experts if missing."""
+
+    root: str  # LeRobotDataset folder (relative paths are relative to the working directory)
+    record_if_missing: bool = False  # record it with `cosmos-robot record`'s code when `root` does not exist
+    tasks: list[str] = Field(default_factory=lambda: list(TABLETOP_TASKS))  # tabletop tasks to record
+    episodes_per_task: int = Field(default=50, ge=1)  # scripted-expert episodes recorded per task
+    record_image_size: int = Field(default=128, ge=8)  # camera side (pixels) when recording
+    record_seed: int = 0  # base seed of the recorded episodes' layouts
+    record_num_envs: int = Field(default=2, ge=1)  # envs recording in parallel (speed only)
+    max_episodes_per_task: int | None = Field(default=None, ge=1)  # train on only the first N episodes of each task
+
+
+class AugmentConfig(StrictModel):
+    """Image augmentation applied to each training batch (never at inference)."""
+
+    random_shift: int = Field(default=0, ge=0)  # pad by this many pixels (edge) and crop back at a random offset (DrQ)
+    brightness: float = Field(default=0.0, ge=0.0, le=1.0)  # multiply each image by 1 +- U(brightness)
+    contrast: float = Field(default=0.0, ge=0.0, le=1.0)  # scale deviation from the image mean by 1 +- U(contrast)
+
+
+class OptimConfig(StrictModel):
+    """AdamW with warmup and a decaying schedule."""
+
+    lr: float = Field(default=3e-4, gt=0)  # peak learning rate
+    weight_decay: float = Field(default=1e-4, ge=0)  # AdamW decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW betas
+    eps: float = Field(default=1e-8, gt=0)  # AdamW epsilon
+    grad_clip: float | None = Field(default=1.0, gt=0)  # clip the global grad norm to this (None: no clipping)
+    warmup_steps: int = Field(default=100, ge=0)  # linear warmup from 0 to `lr` over this many steps
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after warmup
+    min_lr_ratio: float = Field(default=0.05, ge=0, le=1)  # final lr = lr * min_lr_ratio (cosine / linear)
+
+
+class TrainConfig(StrictModel):
+    """Length, batching, seeding and the logging / checkpoint cadence."""
+
+    steps: int = Field(default=1000, ge=1)  # optimizer steps in total
+    batch_size: int = Field(default=64, ge=1)  # samples per step
+    seed: int = 0  # seeds the model init, the data order, noise and augmentation
+    ema_decay: float | None = Field(default=None, gt=0, lt=1)  # keep an EMA of the weights (exported when set)
+    log_every: int = Field(default=50, ge=1)  # steps between metric records (metrics.jsonl, TensorBoard)
+    ckpt_every: int = Field(default=500, ge=1)  # steps between training checkpoints (a multiple of log_every)
+    keep_checkpoints: int = Field(default=2, ge=1)  # newest checkpoint folders kept
+    num_threads: int | None = Field(default=2, ge=1)  # torch intra-op threads (None: torch's default)
+    deterministic: bool = True  # deterministic kernels (exact resume); slightly slower on some ops
+    max_wall_minutes: float | None = Field(default=None, gt=0)  # stop early (with a checkpoint) after this long
+    progress: bool = True  # show the progress bar (stderr)
+
+    @model_validator(mode="after")
+    def _cadence(self) -> TrainConfig:
+        if self.ckpt_every % self.log_every:
+            raise ValueError(
+                f"train.ckpt_every ({self.ckpt_every}) must be a multiple of train.log_every ({self.log_every}) "
+                "so a resumed run logs the same records"
+            )
+        return self
+
+
+class EvalHookConfig(StrictModel):
+    """Optional simulated evaluation of the training policy (in-process, `cosmos_robot_envs.eval`)."""
+
+    every: int = Field(default=0, ge=0)  # steps between evaluations during training (0: never)
+    final: bool = False  # evaluate the exported final policy
+    tasks: list[str] = Field(default_factory=list)  # task names (empty: the whole suite)
+    episodes_per_task: int = Field(default=10, ge=1)  # episodes per task and evaluation
+    num_envs: int = Field(default=2, ge=1)  # envs in lockstep
+    replan_steps: int = Field(default=5, ge=1)  # actions executed from each chunk
+    image_size: int = Field(default=128, ge=8)  # camera side the envs render (the policy resizes)
+    seed: int = 1000  # eval seed (different from the recording seed: held-out layouts)
+    vector_mode: Literal["sync", "async"] = "sync"  # async: a process per env
+
+
+class OutputConfig(StrictModel):
+    """Where the run writes (config, metrics, TensorBoard, checkpoints, final policy)."""
+
+    dir: str  # output folder (relative paths are relative to the working directory)
+    tensorboard: bool = True  # write TensorBoard events under <dir>/tensorboard
+    plot: bool = True  # write <dir>/learning_curve.png at the end
+
+
+class SFTConfig(StrictModel):
+    """A supervised fine-tuning (behaviour cloning) run of a flow-matching policy."""
+
+    trainer: Literal["sft"] = "sft"  # which trainer runs this recipe
+    name: str = "sft"  # run name (shown in logs)
+    data: DataConfig
+    model: FlowConfig = Field(default_factory=lambda: FlowConfig())  # the flow policy's architecture
+    augment: AugmentConfig = Field(default_factory=lambda: AugmentConfig())
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig())
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig())
+    eval: EvalHookConfig = Field(default_factory=lambda: EvalHookConfig())
+    output: OutputConfig
+
+
+RUNTIME_FIELDS = frozenset(
+    {
+        "name",
+        "data.record_if_missing",
+        "data.record_num_envs",
+        "train.log_every",
+        "train.ckpt_every",
+        "train.keep_checkpoints",
+        "train.max_wall_minutes",
+        "train.progress",
+        "output",
+        "eval",
+    }
+)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: data}
+
+
+def _is_runtime(name: str) -> bool:
+    return any(name == f or name.startswith(f + ".") for f in RUNTIME_FIELDS)
+
+
+def training_relevant_diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``field: saved X, now Y`` for every training-relevant field that differs."""
+    a, b = _flatten(saved), _flatten(current)
+    return [
+        f"{name}: saved {a.get(name)!r}, now {b.get(name)!r}"
+        for name in sorted(set(a) | set(b))
+        if not _is_runtime(name) and a.get(name) != b.get(name)
+    ]
