@@ -62,6 +62,20 @@ def test_serve_bad_policy_exits_with_message() -> None:
     assert result.exit_code != 0 and "grpc" in result.output
 
 
+def read_ready_line(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> dict[str, int]:
+    """Wait for ``serve``'s ``ready:`` line; returns {transport: port}."""
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            pytest.fail(f"serve exited early with {proc.returncode}")
+        if line.startswith("ready:"):
+            return {name: int(port) for name, port in re.findall(r"(\w+) \w+://[\d.]+:(\d+)", line)}
+    proc.kill()
+    pytest.fail(f"serve did not print a ready line within {timeout_s:.0f} s")
+
+
 def _start_serve(*extra: str) -> tuple[subprocess.Popen[str], dict[str, int]]:
     env = os.environ | {"PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
@@ -69,17 +83,7 @@ def _start_serve(*extra: str) -> tuple[subprocess.Popen[str], dict[str, int]]:
          "--port", "0", "--zmq-port", "0", "--http-port", "0", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=Path(__file__).parents[2],
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            pytest.fail(f"serve exited early with {proc.returncode}")
-        if line.startswith("ready:"):
-            ports = {name: int(port) for name, port in re.findall(r"(\w+) \w+://[\d.]+:(\d+)", line)}
-            return proc, ports
-    proc.kill()
-    pytest.fail("serve did not print a ready line within 60 s")
+    return proc, read_ready_line(proc)
 
 
 def test_serve_answers_clients_and_probe_reports_latency() -> None:

@@ -1,0 +1,84 @@
+"""``cosmos-robot serve --ckpt`` answers the real openpi client; ``eval --ckpt`` runs in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cosmos_robot.cli import app
+from cosmos_robot.policies.flow import FlowPolicy
+from tests.cli.test_cli import read_ready_line
+from tests.helpers import openpi_python
+from tests.policies._flow_helpers import scrambled_model, tiny_config, tiny_stats
+
+CLI = [sys.executable, "-m", "cosmos_robot.cli"]
+
+OPENPI_CLIENT = """
+import json, sys, numpy as np
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+client = WebsocketClientPolicy("127.0.0.1", int(sys.argv[1]))
+meta = client.get_server_metadata()
+rng = np.random.default_rng(0)
+obs = {"observation/image": rng.integers(0, 256, (128, 128, 3), dtype=np.uint8),
+       "observation/wrist_image": rng.integers(0, 256, (128, 128, 3), dtype=np.uint8),
+       "observation/state": rng.standard_normal(8), "prompt": "open the drawer"}
+a = client.infer(obs)["actions"]
+print(json.dumps({"shape": list(a.shape), "dtype": str(a.dtype), "type": meta.get("type"),
+                  "horizon": meta.get("action_horizon"), "finite": bool(np.isfinite(a).all())}))
+"""
+
+
+@pytest.fixture(scope="module")
+def flow_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    config = tiny_config(horizon=6)
+    path = tmp_path_factory.mktemp("ckpt") / "flow"
+    FlowPolicy(scrambled_model(config), tiny_stats(config)).save_pretrained(path)
+    return path
+
+
+def test_serve_ckpt_answers_real_openpi_client(flow_ckpt: Path) -> None:
+    py = openpi_python()
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--ckpt", str(flow_ckpt), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        ports = read_ready_line(proc)
+        out = subprocess.run([str(py), "-c", OPENPI_CLIENT, str(ports["ws"])], capture_output=True, text=True,
+                             timeout=120, check=True)  # fmt: skip
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got == {"shape": [6, 7], "dtype": "float32", "type": "flow", "horizon": 6, "finite": True}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
+def test_serve_ckpt_bad_folder_is_a_clear_error(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["serve", "--ckpt", str(tmp_path)])
+    assert result.exit_code == 2 and "missing config.json" in result.output
+    (tmp_path / "config.json").write_text(json.dumps({"type": "pi5"}))
+    result = runner.invoke(app, ["serve", "--ckpt", str(tmp_path)])
+    assert result.exit_code == 2 and "unknown policy type 'pi5'" in result.output
+    result = runner.invoke(app, ["serve"])
+    assert result.exit_code != 0 and "exactly one of --ckpt" in result.output
+
+
+def test_eval_ckpt_in_process(flow_ckpt: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    args = ["eval", "--ckpt", str(flow_ckpt), "--tasks", "reach", "--episodes-per-task", "2", "--num-envs", "2",
+            "--image-size", "32", "--max-steps", "10", "--vector-mode", "sync", "--video-episodes", "0",
+            "--out", str(tmp_path / "ev")]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert results["totals"]["episodes"] == 2
+    assert results["policy"]["kind"] == "checkpoint" and results["policy"]["metadata"]["type"] == "flow"
