@@ -352,11 +352,6 @@ def record(
 
         cosmos-robot record --tasks reach,push,pick_place,open_drawer --episodes-per-task 50 --out data/tabletop
     """
-    import os
-
-    if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
-        os.environ["MUJOCO_GL"] = "egl"  # headless rendering; must be set before env workers start
-
     from rich.console import Console
 
     from cosmos_robot.data.progress import RichRecordProgress

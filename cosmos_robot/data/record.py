@@ -236,6 +236,7 @@ def record_demonstrations(
         status = "complete"
     finally:
         dataset.finalize()
+        _remove_empty_staging(out)
         if bars_were_on:
             datasets.utils.logging.enable_progress_bar()
         sidecar = _sidecar(config, sink, len(schedule), status, time.perf_counter() - t0, command)
@@ -275,6 +276,13 @@ def _sidecar(
         "versions": _versions(),
         "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def _remove_empty_staging(out: Path) -> None:
+    """LeRobot stages PNGs under ``images/`` and leaves the emptied folders behind; drop them."""
+    staging = out / "images"
+    if staging.is_dir() and not any(p.is_file() for p in staging.rglob("*")):
+        shutil.rmtree(staging)
 
 
 def _versions() -> dict[str, str]:

@@ -208,10 +208,17 @@ def test_random_shift_moves_pixels_and_is_seeded() -> None:
     out2 = augment_images(images, cfg, torch.Generator().manual_seed(0))
     assert out1.shape == images.shape and out1.dtype == torch.uint8 and torch.equal(out1, out2)
     assert torch.equal(augment_images(images, AugmentConfig(), torch.Generator()), images)
-    # every output row is some clamped input row: a pure translation with edge padding
+    # each image is a translation of its input by (dy, dx) in [-2, 2] with edge padding
+    idx = torch.arange(8)
     for b in range(2):
-        src, dst = images[b, 0, 0], out1[b, 0, 0]
-        assert any(torch.equal(dst[4], src[r]) for r in range(8))
+        src, dst = images[b, 0], out1[b, 0]
+        shifts = [
+            (dy, dx)
+            for dy in range(-2, 3)
+            for dx in range(-2, 3)
+            if torch.equal(dst, src[:, (idx + dy).clamp(0, 7)][:, :, (idx + dx).clamp(0, 7)])
+        ]
+        assert shifts, f"image {b} is not a shifted copy"
     jitter = augment_images(images, AugmentConfig(brightness=0.3, contrast=0.3), torch.Generator().manual_seed(1))
     assert jitter.dtype == torch.uint8 and not torch.equal(jitter, images)
 

@@ -77,6 +77,7 @@ class TrainConfig(StrictModel):
     log_every: int = Field(default=50, ge=1)  # steps between metric records (metrics.jsonl, TensorBoard)
     ckpt_every: int = Field(default=500, ge=1)  # steps between training checkpoints (a multiple of log_every)
     keep_checkpoints: int = Field(default=2, ge=1)  # newest checkpoint folders kept
+    device: str = "cpu"  # torch device of the model ("cpu", "cuda", "cuda:1"); the data stay on the CPU
     num_threads: int | None = Field(default=2, ge=1)  # torch intra-op threads (None: torch's default)
     deterministic: bool = True  # deterministic kernels (exact resume); slightly slower on some ops
     max_wall_minutes: float | None = Field(default=None, gt=0)  # stop early (with a checkpoint) after this long

@@ -7,7 +7,8 @@ newest checkpoint, then loop ``batch -> loss -> update -> log -> checkpoint -> (
 
 Exact resume: everything that decides step k+1 lives in the step-k checkpoint: weights, AdamW
 moments, the schedule's step, the EMA, the sampler position (batches are a pure function of it),
-the trainer's generator (flow noise, flow times, augmentation) and the global RNGs. With
+the trainer's CPU generator (flow noise, flow times, augmentation; drawn on the CPU whatever
+``train.device`` is) and the global RNGs. With
 deterministic CPU kernels and the same thread count, a run killed and resumed logs bit-identical
 losses to an uninterrupted one; ``tests/trainers/test_sft.py`` checks it. Metric windows end on
 checkpoint steps (``ckpt_every`` is a multiple of ``log_every``) so the logged means match too.
@@ -105,7 +106,8 @@ def run_sft(
 
     # --- model, optimizer, schedule, sampler, generators -----------------------------------------
     seed_everything(tcfg.seed)
-    model = FlowModel(config.model)
+    device = torch.device(tcfg.device)
+    model = FlowModel(config.model).to(device)
     model.train()
     optimizer, scheduler = build_optimizer(model, config.optim, tcfg.steps)
     ema = EMA(model, tcfg.ema_decay) if tcfg.ema_decay is not None else None
@@ -149,8 +151,10 @@ def run_sft(
             while step < stop:
                 # phase: batch
                 batch = data.batch(sampler.next_indices(), config.augment, generator, config.model.text_buckets)
+                noise, times = _flow_draws(model, batch["actions"], generator)
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
                 # phase: loss + update
-                loss, metrics = model.flow_loss(batch, generator=generator)
+                loss, _ = model.flow_loss(batch, noise=noise.to(device), time=times.to(device))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = _clip(model, config.optim.grad_clip)
@@ -221,6 +225,14 @@ def run_sft(
             result.eval_results = evaluate_policy(policy, config.eval, out / "eval" / "final", "final")
             log(f"final eval: {100 * result.eval_results['totals']['success_rate']:.1f}% success")
     return result
+
+
+def _flow_draws(
+    model: FlowModel, actions: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flow noise and times drawn on the CPU generator: the same numbers on any device."""
+    noise = torch.randn(actions.shape, generator=generator)
+    return noise, model.sample_time(actions.shape[0], generator)
 
 
 def _clip(model: torch.nn.Module, max_norm: float | None) -> float:
