@@ -15,7 +15,7 @@ import os
 if "MUJOCO_GL" not in os.environ and not os.environ.get("DISPLAY"):
     os.environ["MUJOCO_GL"] = "egl"
 
-from cosmos_robot_envs.tabletop import (  # noqa: E402 - after choosing the GL backend
+from cosmos_robot_envs.tabletop import (  # after choosing the GL backend
     SUITES,
     TASK_NAMES,
     TASKS,
