@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "CheckpointError", "detect_family", "load_policy_class", "register_family"]
+__all__ = ["FAMILIES", "CheckpointError", "detect_family", "load_policy_class", "read_json", "register_family"]
 
 FAMILIES: dict[str, str] = {
     "flow": "cosmos_robot.policies.flow.policy:FlowPolicy",
@@ -39,7 +39,8 @@ def register_family(name: str, target: str) -> None:
     FAMILIES[name] = target
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
+    """A checkpoint JSON file as a dict; a clear ``CheckpointError`` naming the file otherwise."""
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -57,7 +58,7 @@ def detect_family(ckpt_dir: str | Path) -> str:
     if not root.is_dir():
         raise CheckpointError(f"{root} is a file; pass the checkpoint folder that holds config.json")
     if (root / "model_index.json").exists():
-        index = _read_json(root / "model_index.json")
+        index = read_json(root / "model_index.json")
         cls = str(index.get("_class_name", ""))
         if "cosmos" in cls.lower():
             return "cosmos3"
@@ -66,7 +67,7 @@ def detect_family(ckpt_dir: str | Path) -> str:
     if not config_path.exists():
         present = sorted(p.name for p in root.iterdir())[:10]
         raise CheckpointError(f"{root}: missing config.json (found {present or 'nothing'})")
-    config = _read_json(config_path)
+    config = read_json(config_path)
     family = config.get("type")
     if not isinstance(family, str) or not family:
         raise CheckpointError(f"{config_path}: missing the 'type' field naming the policy family ({sorted(FAMILIES)})")

@@ -33,7 +33,7 @@ from cosmos_robot.policies.flow.configuration_flow import FlowConfig
 from cosmos_robot.policies.flow.modeling_flow import FlowModel
 from cosmos_robot.policies.flow.sampling import sample_actions
 from cosmos_robot.policies.flow.text import encode_prompts
-from cosmos_robot.policies.registry import CheckpointError
+from cosmos_robot.policies.registry import CheckpointError, read_json
 from cosmos_robot.transforms import (
     NormalizeKeys,
     RenameKeys,
@@ -237,7 +237,7 @@ class FlowPolicy(BatchPolicy):
                 f"and {POLICY_FILE}; found {found or 'nothing'})"
             )
         config_path = root / CONFIG_FILE
-        data = _read_json(config_path)
+        data = read_json(config_path)
         if data.get("type") != "flow":
             raise CheckpointError(f"{config_path}: 'type' is {data.get('type')!r}, expected 'flow'")
         try:
@@ -248,7 +248,7 @@ class FlowPolicy(BatchPolicy):
         load_safetensors(model, root / WEIGHTS_FILE)
         model.to(device)
         policy_path = root / POLICY_FILE
-        pdata = _read_json(policy_path)
+        pdata = read_json(policy_path)
         absent = [k for k in ("input_transforms", "output_transforms", "stats") if k not in pdata]
         if absent:
             raise CheckpointError(f"{policy_path}: missing {absent} (have {sorted(pdata)})")
@@ -259,13 +259,3 @@ class FlowPolicy(BatchPolicy):
         except (ValueError, TypeError) as exc:
             raise CheckpointError(f"{policy_path}: {exc}") from exc
         return cls(model, stats, inputs, outputs)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
