@@ -201,6 +201,18 @@ def test_sampler_is_a_function_of_its_position() -> None:
         EpochBatchSampler(11, 4, seed=3).load_state_dict(a.state_dict())
 
 
+def test_weighted_sampler_draws_by_weight_and_resumes() -> None:
+    weights = np.array([3.0, 1.0, 0.0, 0.0])
+    a = EpochBatchSampler(4, 2, seed=0, weights=weights)
+    drawn = np.concatenate([a.next_indices() for _ in range(400)])
+    assert set(drawn.tolist()) <= {0, 1} and 0.7 < np.mean(drawn == 0) < 0.8
+    b = EpochBatchSampler(4, 2, seed=0, weights=weights)
+    b.load_state_dict({**a.state_dict(), "batches_drawn": 0})
+    assert np.array_equal(np.concatenate([b.next_indices() for _ in range(400)]), drawn)
+    with pytest.raises(ValueError, match="weights must be 4 finite numbers"):
+        EpochBatchSampler(4, 2, seed=0, weights=np.zeros(4))
+
+
 def test_random_shift_moves_pixels_and_is_seeded() -> None:
     images = torch.arange(2 * 1 * 3 * 8 * 8, dtype=torch.int64).remainder(256).to(torch.uint8).reshape(2, 1, 3, 8, 8)
     cfg = AugmentConfig(random_shift=2)

@@ -5,6 +5,10 @@ Why not ``torch.utils.data.RandomSampler`` + ``DataLoader``: their position cann
 than an uninterrupted one. Here batch ``b`` is a pure function of ``(seed, b)``: epoch
 ``b // batches_per_epoch`` shuffles the dataset with a generator seeded by ``(seed, epoch)``, and the
 batch is a slice of that permutation (the last partial batch of an epoch is dropped).
+
+With ``weights`` (e.g. to balance tasks of very different episode lengths), an epoch is instead
+``num_items`` draws with replacement, item ``i`` with probability ``weights[i] / sum(weights)``,
+from the same ``(seed, epoch)`` generator.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ __all__ = ["EpochBatchSampler"]
 class EpochBatchSampler:
     """Draw index batches of ``batch_size`` from ``range(num_items)``, reproducibly and resumably."""
 
-    def __init__(self, num_items: int, batch_size: int, seed: int) -> None:
+    def __init__(self, num_items: int, batch_size: int, seed: int, weights: np.ndarray | None = None) -> None:
         if num_items < 1:
             raise ValueError("EpochBatchSampler: the dataset is empty")
         if batch_size < 1:
@@ -28,6 +32,12 @@ class EpochBatchSampler:
         self.batch_size = min(batch_size, num_items)
         self.seed = seed
         self.batches_drawn = 0
+        self._p: np.ndarray | None = None
+        if weights is not None:
+            w = np.asarray(weights, dtype=np.float64)
+            if w.shape != (num_items,) or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+                raise ValueError(f"EpochBatchSampler: weights must be {num_items} finite numbers >= 0, not all 0")
+            self._p = w / w.sum()
         self._epoch = -1
         self._perm: np.ndarray = np.arange(num_items)
 
@@ -42,7 +52,11 @@ class EpochBatchSampler:
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._epoch:
-            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_items)
+            rng = np.random.default_rng([self.seed, epoch])
+            if self._p is None:
+                self._perm = rng.permutation(self.num_items)
+            else:
+                self._perm = rng.choice(self.num_items, size=self.num_items, replace=True, p=self._p)
             self._epoch = epoch
         return self._perm
 

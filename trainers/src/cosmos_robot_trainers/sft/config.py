@@ -44,6 +44,7 @@ class DataConfig(StrictModel):
     record_seed: int = 0  # base seed of the recorded episodes' layouts
     record_num_envs: int = Field(default=2, ge=1)  # envs recording in parallel (speed only)
     max_episodes_per_task: int | None = Field(default=None, ge=1)  # train on only the first N episodes of each task
+    task_weighting: Literal["frames", "balanced"] = "frames"  # sample frames uniformly, or each task equally often
 
 
 class AugmentConfig(StrictModel):

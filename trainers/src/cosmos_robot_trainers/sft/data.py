@@ -73,6 +73,13 @@ class TrainData:
     def __len__(self) -> int:
         return int(self.state.shape[0])
 
+    def sample_weights(self, weighting: str) -> np.ndarray | None:
+        """Per-sample weights for the sampler: None (uniform over frames) or equal mass per instruction."""
+        if weighting == "frames":
+            return None
+        _, inverse, counts = np.unique(np.asarray(self.prompts), return_inverse=True, return_counts=True)
+        return np.asarray(1.0 / counts[inverse], dtype=np.float64)
+
     def fingerprint(self) -> dict[str, Any]:
         """What a resumed run checks: the same samples in the same order."""
         return {

@@ -111,7 +111,7 @@ def run_sft(
     model.train()
     optimizer, scheduler = build_optimizer(model, config.optim, tcfg.steps)
     ema = EMA(model, tcfg.ema_decay) if tcfg.ema_decay is not None else None
-    sampler = EpochBatchSampler(len(data), tcfg.batch_size, tcfg.seed)
+    sampler = EpochBatchSampler(len(data), tcfg.batch_size, tcfg.seed, data.sample_weights(config.data.task_weighting))
     generator = torch.Generator().manual_seed(tcfg.seed + 1)
     start, prior_wall_s = 0, 0.0
     if ckpt_path is not None:
