@@ -7,57 +7,27 @@ without a terminal; the CLI opts in by passing this. Updates come from the write
 
 from __future__ import annotations
 
-from types import TracebackType
-
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from cosmos_robot.data.record import RecordCallbacks
 from cosmos_robot.data.rollouts import Episode
+from cosmos_robot_envs.progress import EpisodeBar
 
 __all__ = ["RichRecordProgress"]
 
 
-class RichRecordProgress(RecordCallbacks):
+class RichRecordProgress(EpisodeBar, RecordCallbacks):
     """``with RichRecordProgress() as bar: record_demonstrations(..., callbacks=bar)``."""
 
     def __init__(self, console: Console | None = None) -> None:
-        self.progress = Progress(
-            TextColumn("[bold]record"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("episodes, kept {task.fields[kept]}, failed {task.fields[failed]}"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=console,
-        )
-        self.task: TaskID | None = None
+        super().__init__("record", "kept {task.fields[kept]}, failed {task.fields[failed]}", console)
         self.kept = 0
         self.failed = 0
 
-    def __enter__(self) -> RichRecordProgress:
-        self.progress.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.progress.stop()
-
-    def start(self, total: int) -> None:
-        self.task = self.progress.add_task("record", total=total, kept=0, failed=0)
+    def start(self, total: int) -> None:  # type: ignore[override]
+        super().start(total, kept=0, failed=0)
 
     def episode(self, episode: Episode, kept: bool) -> None:
         self.kept += int(kept)
         self.failed += int(not episode.success)
-        if self.task is not None:
-            self.progress.update(self.task, advance=1, kept=self.kept, failed=self.failed)
+        self.advance(kept=self.kept, failed=self.failed)
