@@ -1,7 +1,7 @@
 """``cosmos-robot train RECIPE``: pick the trainer a recipe names, validate it, run it.
 
 Why a dispatch table keyed by the recipe's ``trainer`` field: one command launches every algorithm
-(SFT today; PPO, GRPO, ... as they land), and each trainer's config model and entry point are
+(SFT, joint PPO, GRPO, DiffusionNFT, Flow-DPO), and each trainer's config model and entry point are
 imported only when a recipe asks for them.
 """
 
@@ -22,6 +22,10 @@ __all__ = ["TRAINERS", "launch", "load_train_recipe"]
 # trainer name -> ("module:ConfigClass", "module:run_function")
 TRAINERS: dict[str, tuple[str, str]] = {
     "sft": ("cosmos_robot_trainers.sft.config:SFTConfig", "cosmos_robot_trainers.sft.trainer:run_sft"),
+    **{
+        name: ("cosmos_robot_trainers.rl.config:RLConfig", "cosmos_robot_trainers.rl.trainer:run_rl")
+        for name in ("joint_ppo", "grpo", "nft", "dpo")
+    },
 }
 
 

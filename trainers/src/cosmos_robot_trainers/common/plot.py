@@ -13,7 +13,7 @@ __all__ = ["plot_learning_curve"]
 def plot_learning_curve(
     run_dir: str | Path, keys: Sequence[str] = ("loss", "lr"), out: str | Path | None = None
 ) -> Path | None:
-    """Plot ``keys`` against ``step`` (one panel each, log-scale y for positive series); None if no data."""
+    """Plot ``keys`` against ``step``, one panel each (log y for positive series spanning > 50x); None if no data."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,7 +29,7 @@ def plot_learning_curve(
         pts = [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         ax.plot(xs, ys, lw=1.2)
-        if ys and min(ys) > 0:
+        if ys and min(ys) > 0 and max(ys) / min(ys) > 50:
             ax.set_yscale("log")
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)

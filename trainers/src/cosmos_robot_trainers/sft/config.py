@@ -81,7 +81,7 @@ class TrainConfig(StrictModel):
     device: str = "cpu"  # torch device of the model ("cpu", "cuda", "cuda:1"); the data stay on the CPU
     num_threads: int | None = Field(default=2, ge=1)  # torch intra-op threads (None: torch's default)
     deterministic: bool = True  # deterministic kernels (exact resume); slightly slower on some ops
-    max_wall_minutes: float | None = Field(default=None, gt=0)  # stop early (with a checkpoint) after this long
+    max_wall_minutes: float | None = Field(default=None, gt=0)  # stop (checkpoint + export) after this much training
     progress: bool = True  # show the progress bar (stderr)
 
     @model_validator(mode="after")
@@ -146,24 +146,8 @@ RUNTIME_FIELDS = frozenset(
 )
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: data}
-
-
-def _is_runtime(name: str) -> bool:
-    return any(name == f or name.startswith(f + ".") for f in RUNTIME_FIELDS)
-
-
 def training_relevant_diff(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    """``field: saved X, now Y`` for every training-relevant field that differs."""
-    a, b = _flatten(saved), _flatten(current)
-    return [
-        f"{name}: saved {a.get(name)!r}, now {b.get(name)!r}"
-        for name in sorted(set(a) | set(b))
-        if not _is_runtime(name) and a.get(name) != b.get(name)
-    ]
+    """``field: saved X, now Y`` for every training-relevant field of an SFT recipe that differs."""
+    from cosmos_robot_trainers.common.rundir import training_relevant_diff as diff
+
+    return diff(saved, current, RUNTIME_FIELDS)

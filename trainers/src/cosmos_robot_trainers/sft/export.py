@@ -34,8 +34,9 @@ class EMA:
     def update(self, model: torch.nn.Module) -> None:
         self.updates += 1
         d = min(self.decay, (1.0 + self.updates) / (10.0 + self.updates))
-        for name, p in model.named_parameters():
-            self.shadow[name].lerp_(p.detach(), 1.0 - d)
+        names = list(self.shadow)
+        params = dict(model.named_parameters())
+        torch._foreach_lerp_([self.shadow[n] for n in names], [params[n].detach() for n in names], 1.0 - d)
 
     def state_dict(self) -> dict[str, Any]:
         return {"decay": self.decay, "updates": self.updates, "shadow": self.shadow}
@@ -73,12 +74,15 @@ def export_policy(policy: FlowPolicy, out_dir: str | Path) -> Path:
 
 
 def evaluate_policy(policy: FlowPolicy, cfg: EvalHookConfig, out_dir: str | Path, label: str) -> dict[str, Any]:
-    """Roll the policy out in the tabletop suite (``cosmos_robot_envs.eval.run_eval``); results.json content."""
+    """Roll the policy out in the tabletop suite (``cosmos_robot_envs.eval.run_eval``); results.json content.
+
+    ``label`` names the policy in the results (``sft:step500``, ``joint_ppo:iter20``).
+    """
     from cosmos_robot_envs.eval import EvalConfig, get_suite, run_eval
 
     tasks = get_suite("tabletop").resolve_tasks(list(cfg.tasks))
     config = EvalConfig(
-        policy=f"sft:{label}",
+        policy=label,
         suite="tabletop",
         tasks=tuple(tasks),
         episodes_per_task=cfg.episodes_per_task,

@@ -128,7 +128,8 @@ def run_sft(
     last: dict[str, Any] = {}
     t0 = time.perf_counter()
     t_window, steps_in_window = t0, 0
-    deadline = t0 + 60 * tcfg.max_wall_minutes if tcfg.max_wall_minutes else math.inf
+    # the cap counts the whole run's training time, across resumes
+    deadline = t0 + 60 * tcfg.max_wall_minutes - prior_wall_s if tcfg.max_wall_minutes else math.inf
     stopped_by_clock = False
 
     def checkpoint(at: int) -> None:
@@ -189,7 +190,7 @@ def run_sft(
                 # phase: eval (optional)
                 if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps:
                     policy = build_policy(model, data.stats, ema)
-                    results = evaluate_policy(policy, config.eval, out / "eval" / f"step_{step:06d}", f"step{step}")
+                    results = evaluate_policy(policy, config.eval, out / "eval" / f"step_{step:06d}", f"sft:step{step}")
                     logger.log(step, {"eval_success": results["totals"]["success_rate"]})
                 if out_of_time:
                     stopped_by_clock = True
@@ -222,7 +223,7 @@ def run_sft(
 
             plot_learning_curve(out, keys=("loss", "grad_norm", "lr", "eval_success"))
         if config.eval.final:
-            result.eval_results = evaluate_policy(policy, config.eval, out / "eval" / "final", "final")
+            result.eval_results = evaluate_policy(policy, config.eval, out / "eval" / "final", "sft:final")
             log(f"final eval: {100 * result.eval_results['totals']['success_rate']:.1f}% success")
     return result
 

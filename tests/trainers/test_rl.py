@@ -1,0 +1,262 @@
+"""RL trainers: every debug recipe runs two iterations, resumes exactly after a kill, exports a policy;
+the ratio gate holds (and can fail); the rollout schedule, GAE layout and DPO pairs are right."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cosmos_robot.policies import load_policy
+from cosmos_robot.policies.flow import FlowPolicy
+from cosmos_robot_trainers.algorithms import get as get_algorithm
+from cosmos_robot_trainers.common import read_metrics
+from cosmos_robot_trainers.launch import load_train_recipe
+from cosmos_robot_trainers.rl import RLConfig, Rollout, episode_specs, run_rl
+from cosmos_robot_trainers.rl.advantage import dpo_pairs, episode_layout, group_advantages, ppo_advantages
+from cosmos_robot_trainers.rl.config import AlgoConfig
+from cosmos_robot_trainers.rl.learner import build_optimizer, update_policy_gradient
+from cosmos_robot_trainers.rl.rollout import TRAIN_SEED_BASE, RolloutWorker
+
+ROOT = Path(__file__).resolve().parents[2]
+CKPT = ROOT / "checkpoints" / "flow_tabletop"
+ALGOS = ("joint_ppo", "grpo", "nft", "dpo")
+NOT_DETERMINISTIC = ("time/", "wall_s", "iter_wall_s", "env_steps_per_s")
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def debug_config(algo: str, out: Path, *overrides: str) -> RLConfig:
+    _, config = load_train_recipe(
+        f"debug_{algo}",
+        [f"init={json.dumps(str(CKPT))}", f"output.dir={json.dumps(str(out))}", *overrides],
+    )
+    assert isinstance(config, RLConfig)
+    return config
+
+
+def deterministic(record: dict) -> dict:
+    return {k: v for k, v in record.items() if not any(k.startswith(p) for p in NOT_DETERMINISTIC)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ALGOS)
+def test_debug_recipe_runs_resumes_exactly_and_exports(algo: str, tmp_path: Path) -> None:
+    full = run_rl(debug_config(algo, tmp_path / "full"), log=quiet)
+    assert full.finished and full.iteration == 2
+    assert full.final_dir is not None and isinstance(load_policy(full.final_dir), FlowPolicy)
+    # killed after iteration 1 (its checkpoint written), then resumed by the same command
+    cut = run_rl(debug_config(algo, tmp_path / "cut"), stop_at_iteration=1, log=quiet)
+    assert cut.iteration == 1 and not cut.finished and cut.final_dir is None
+    resumed = run_rl(debug_config(algo, tmp_path / "cut"), log=quiet)
+    assert resumed.resumed_from == 1 and resumed.finished
+    a, b = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]
+    assert [deterministic(r) for r in a] == [deterministic(r) for r in b]
+    wa = load_policy(full.final_dir).model.state_dict()  # type: ignore[attr-defined]
+    wb = load_policy(resumed.final_dir).model.state_dict()  # type: ignore[attr-defined]
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    if algo in ("joint_ppo", "grpo"):
+        for record in a:
+            if "ratio_dev_first_mb" in record:  # GRPO skips an update whose groups were all filtered
+                assert record["ratio_dev_first_mb"] < 1e-3
+    assert (tmp_path / "full" / "checkpoints").is_dir()
+    assert (tmp_path / "full" / "tensorboard").is_dir()
+
+
+@pytest.mark.slow
+def test_flow_noise_ppo_ratio_is_one_and_entropy_logged(tmp_path: Path) -> None:
+    config = debug_config(
+        "joint_ppo", tmp_path, "rollout.sample_mode=flow_noise", "algo.entropy_coef=0.005", "train.iterations=1"
+    )
+    run_rl(config, log=quiet)
+    (record,) = read_metrics(tmp_path)
+    assert record["ratio_dev_first_mb"] < 1e-3
+    assert record["entropy"] != 0.0
+
+
+@pytest.fixture(scope="module")
+def small_rollout() -> tuple[RLConfig, FlowPolicy, Rollout]:
+    config = debug_config("joint_ppo", Path("/nonexistent"), "env.max_steps=15")
+    policy = FlowPolicy.from_pretrained(CKPT)
+    worker = RolloutWorker(config, policy)
+    try:
+        rollout = worker.collect(episode_specs(config, 0), seed=3)
+    finally:
+        worker.close()
+    return config, policy, rollout
+
+
+def test_rollout_records_whole_episodes(small_rollout: tuple[RLConfig, FlowPolicy, Rollout]) -> None:
+    config, policy, r = small_rollout
+    assert r.num_episodes == config.rollout.episodes_per_iter
+    cfg = policy.config
+    k = config.rollout.num_flow_steps
+    assert r.chain.shape == (r.num_decisions, k + 1, cfg.horizon, cfg.action_dim)  # type: ignore[operator]
+    assert r.images.dtype == torch.uint8 and r.images.shape[1:] == (2, 3, cfg.image_size, cfg.image_size)
+    # every episode ends exactly once, on its last decision; steps count 0.. per episode
+    for e in range(r.num_episodes):
+        sel = r.episode == e
+        steps = r.step[sel]
+        assert steps.tolist() == list(range(len(steps)))
+        assert r.done[sel].tolist() == [False] * (len(steps) - 1) + [True]
+        assert int(r.ep_length[e]) <= 15
+    # a 15-step cap truncates unsuccessful episodes on their last decision (bootstrapped with V there)
+    last = torch.tensor([int(torch.nonzero(r.episode == e).max()) for e in range(r.num_episodes)])
+    assert r.truncated[last].tolist() == ((r.ep_success == 0) & (r.ep_length == 15)).tolist()
+    assert int(r.truncated.sum()) == int(r.truncated[last].sum())
+    assert torch.all(r.bootstrap[~r.truncated] == 0)
+    assert r.env_steps == int(r.ep_length.sum())
+
+
+def test_ratio_gate_can_fail(small_rollout: tuple[RLConfig, FlowPolicy, Rollout]) -> None:
+    """Recomputing with another noise level than the rollout's must show up in the first-minibatch ratio."""
+    config, policy, rollout = small_rollout
+    model = FlowPolicy.from_pretrained(CKPT).model
+    adv = ppo_advantages(rollout, config.algo)
+    gen = torch.Generator().manual_seed(0)
+    right = update_policy_gradient(
+        model,
+        build_optimizer(model, config),
+        rollout,
+        adv,
+        config,
+        gen,
+        sample_mode="flow_sde",
+        num_flow_steps=4,
+        noise_level=policy.config.noise_level,
+    )
+    assert right["ratio_dev_first_mb"] < 1e-3
+    model = FlowPolicy.from_pretrained(CKPT).model
+    wrong = update_policy_gradient(
+        model,
+        build_optimizer(model, config),
+        rollout,
+        adv,
+        config,
+        gen,
+        sample_mode="flow_sde",
+        num_flow_steps=4,
+        noise_level=2 * policy.config.noise_level,
+    )
+    assert wrong["ratio_dev_first_mb"] > 1e-2
+
+
+def _rollout(
+    episodes: list[list[float]],
+    values: list[list[float]],
+    success: list[float],
+    groups: list[int],
+    bootstrap_last: list[float] | None = None,
+) -> Rollout:
+    """A hand-made rollout: per episode the chunk rewards and values."""
+    ep, st, rew, val, done, boot = [], [], [], [], [], []
+    for e, (rs, vs) in enumerate(zip(episodes, values)):
+        for t, (rw, v) in enumerate(zip(rs, vs)):
+            ep.append(e)
+            st.append(t)
+            rew.append(rw)
+            val.append(v)
+            done.append(t == len(rs) - 1)
+            boot.append(bootstrap_last[e] if bootstrap_last and t == len(rs) - 1 else 0.0)
+    m, n = len(ep), len(episodes)
+    return Rollout(
+        images=torch.zeros((m, 1, 3, 8, 8), dtype=torch.uint8),
+        state=torch.zeros((m, 8)),
+        prompts=["x"] * m,
+        chain=torch.zeros((m, 2, 1, 1)),
+        sde_step=torch.zeros(m, dtype=torch.long),
+        log_prob=torch.zeros(m),
+        value=torch.tensor(val),
+        reward=torch.tensor(rew),
+        done=torch.tensor(done),
+        truncated=torch.tensor(boot) != 0,
+        bootstrap=torch.tensor(boot),
+        episode=torch.tensor(ep),
+        step=torch.tensor(st),
+        ep_task=["reach"] * n,
+        ep_group=torch.tensor(groups),
+        ep_success=torch.tensor(success),
+        ep_return=torch.tensor(success),
+        ep_length=torch.ones(n, dtype=torch.long),
+        ep_failed=torch.zeros(n, dtype=torch.bool),
+    )
+
+
+def test_ppo_advantages_are_gae_per_episode_with_bootstrap() -> None:
+    r = _rollout([[0.0, 1.0], [0.0, 0.0, 0.0]], [[0.5, 0.8], [0.1, 0.2, 0.3]], [1.0, 0.0], [0, 1], [0.0, 0.4])
+    adv = ppo_advantages(r, AlgoConfig(gamma=0.9, lam=0.5, normalize_advantages=False))
+    g, lam = 0.9, 0.5
+    # episode 0: terminal success at t=1
+    d1 = 1.0 - 0.8
+    d0 = 0.0 + g * 0.8 - 0.5
+    a0 = [d0 + g * lam * d1, d1]
+    # episode 1: truncated at t=2, bootstrapped with V = 0.4
+    e2 = 0.0 + g * 0.4 - 0.3
+    e1 = 0.0 + g * 0.3 - 0.2
+    e0 = 0.0 + g * 0.2 - 0.1
+    a1 = [e0 + g * lam * (e1 + g * lam * e2), e1 + g * lam * e2, e2]
+    assert torch.allclose(adv.advantages, torch.tensor(a0 + a1), atol=1e-6)
+    assert adv.returns is not None
+    assert torch.allclose(adv.returns, adv.advantages + r.value, atol=1e-6)
+    index, valid = episode_layout(r)
+    assert valid.tolist() == [[True, True, False], [True, True, True]]
+    assert index[1].tolist() == [2, 3, 4]
+
+
+def test_group_advantages_filter_and_broadcast() -> None:
+    r = _rollout(
+        [[0.0], [1.0], [0.0, 0.0], [1.0], [1.0]],
+        [[0]] * 2 + [[0, 0]] + [[0]] * 2,
+        [0.0, 1.0, 0.0, 1.0, 1.0],
+        [0, 0, 0, 1, 1],
+    )
+    adv = group_advantages(r, AlgoConfig(group_size=3))
+    expected_ep = get_algorithm("advantage", "grpo")(r.ep_success, r.ep_group)
+    assert torch.allclose(adv.advantages, expected_ep[r.episode])
+    # group 1 (two successes) is filtered, group 0 kept
+    assert adv.keep.tolist() == [True, True, True, True, False, False]
+    assert adv.stats == {"groups_kept": 1.0, "groups_total": 2.0}
+
+
+def test_dpo_pairs_match_success_with_failure_in_the_same_group() -> None:
+    r = _rollout([[0.0]] * 6, [[0.0]] * 6, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], [0, 0, 0, 1, 1, 1])
+    pairs = dpo_pairs(r, AlgoConfig(group_size=3, dpo_pairs_per_group=8), torch.Generator().manual_seed(0))
+    assert sorted(map(tuple, pairs.tolist())) == [(0, 1), (0, 2)]  # group 1 has no failure
+
+
+def test_episode_specs_groups_share_an_initial_state() -> None:
+    config = debug_config("grpo", Path("/x"), "rollout.episodes_per_iter=8", "algo.group_size=4")
+    specs = episode_specs(config, 3)
+    assert [s.group for s in specs] == [0] * 4 + [1] * 4
+    assert len({(s.task, s.seed) for s in specs[:4]}) == 1 and specs[0].seed != specs[4].seed
+    assert specs[0].task != specs[4].task  # tasks round-robin over groups
+    assert min(s.seed for s in specs) >= TRAIN_SEED_BASE  # never an eval layout
+    assert episode_specs(config, 3) == specs  # a pure function (resume replays it)
+
+
+def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
+    from cosmos_robot.config import ConfigError
+
+    with pytest.raises(ConfigError, match="group_size"):
+        debug_config("grpo", tmp_path, "algo.group_size=1")
+    with pytest.raises(ConfigError, match="episodes_per_iter"):
+        debug_config("grpo", tmp_path, "rollout.episodes_per_iter=5")
+    with pytest.raises(ConfigError, match="sample_mode"):
+        debug_config("joint_ppo", tmp_path, "rollout.sample_mode=ode")
+    with pytest.raises(ConfigError, match="cilp"):
+        debug_config("joint_ppo", tmp_path, "algo.cilp=0.1")
+
+
+@pytest.mark.slow
+def test_ray_rollout_workers_match_the_schedule(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    config = debug_config("grpo", tmp_path, "rollout.num_workers=2", "train.iterations=1")
+    result = run_rl(config, log=quiet)
+    assert result.finished
+    (record,) = read_metrics(tmp_path)
+    assert record["env_steps"] > 0 and record["decisions"] > 0

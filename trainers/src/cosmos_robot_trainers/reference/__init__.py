@@ -1,0 +1,1 @@
+"""Single-file reference implementations the modular trainers are tested against."""

@@ -1,0 +1,116 @@
+"""From a ``Rollout`` to per-decision advantages and targets, for each algorithm.
+
+The registered pure functions (``algorithms.gae``, ``grpo``, ``dr_grpo``, ``filter_groups``,
+``nft_optimality``) work on (B, T) or per-episode tensors; this module only lays the flat decision
+list of a rollout out as episodes x decisions and back, and builds Flow-DPO's preference pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from cosmos_robot_trainers.algorithms import get as get_algorithm
+from cosmos_robot_trainers.algorithms.advantages import filter_groups, normalize_advantages
+from cosmos_robot_trainers.rl.config import AlgoConfig
+from cosmos_robot_trainers.rl.rollout import Rollout
+
+__all__ = ["Advantages", "dpo_pairs", "episode_layout", "group_advantages", "nft_optimality", "ppo_advantages"]
+
+
+@dataclass
+class Advantages:
+    """Per-decision advantages (M,), value targets (M,) (PPO only) and the decisions that train (M,)."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor | None
+    keep: torch.Tensor  # bool
+    stats: dict[str, float]
+
+
+def episode_layout(rollout: Rollout) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(index (E, T) into the decisions, valid mask (E, T))`` with decisions in episode order."""
+    e, m = rollout.num_episodes, rollout.num_decisions
+    t_max = int(rollout.step.max()) + 1 if m else 1
+    index = torch.zeros((e, t_max), dtype=torch.long)
+    valid = torch.zeros((e, t_max), dtype=torch.bool)
+    index[rollout.episode, rollout.step] = torch.arange(m)
+    valid[rollout.episode, rollout.step] = True
+    return index, valid
+
+
+def ppo_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
+    """GAE over each episode's chunk steps (truncations bootstrapped with V(final obs)), then whitened."""
+    index, valid = episode_layout(rollout)
+    take = lambda x: torch.where(valid, x[index], torch.zeros((), dtype=x.dtype))  # noqa: E731
+    dones = take(rollout.done.float())
+    adv, ret = get_algorithm("advantage", "gae")(
+        take(rollout.reward),
+        take(rollout.value),
+        dones,
+        torch.zeros(rollout.num_episodes),
+        gamma=algo.gamma,
+        lam=algo.lam,
+        truncated_bootstrap=take(rollout.bootstrap),
+        mask=valid,
+    )
+    flat_adv = torch.zeros(rollout.num_decisions)
+    flat_ret = torch.zeros(rollout.num_decisions)
+    flat_adv[index[valid]] = adv[valid]
+    flat_ret[index[valid]] = ret[valid]
+    raw_mean = float(flat_adv.mean()) if rollout.num_decisions else 0.0
+    if algo.normalize_advantages:
+        flat_adv = normalize_advantages(flat_adv)
+    value = rollout.value
+    var_ret = float(flat_ret.var()) if rollout.num_decisions > 1 else 0.0
+    explained = 1.0 - float((flat_ret - value).var()) / var_ret if var_ret > 0 else float("nan")
+    keep = torch.ones(rollout.num_decisions, dtype=torch.bool)
+    return Advantages(flat_adv, flat_ret, keep, {"adv_raw_mean": raw_mean, "explained_variance": explained})
+
+
+def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
+    """GRPO / Dr-GRPO advantages of each episode's success within its group, broadcast to its decisions.
+
+    Episodes whose worker crashed do not count; with ``filter_groups`` groups whose episodes all
+    succeeded or all failed are dropped (their advantages are all zero anyway, they only dilute).
+    """
+    ok = ~rollout.ep_failed
+    returns = rollout.ep_success.clone()
+    groups = rollout.ep_group.clone()
+    groups[~ok] = -1 - torch.arange(int((~ok).sum()))  # a crashed episode is its own (filtered) group
+    ep_adv = get_algorithm("advantage", algo.advantage)(returns, groups)
+    ep_keep = ok.clone()
+    if algo.filter_groups:
+        ep_keep &= filter_groups(returns, groups)
+    kept_groups = int(torch.unique(groups[ep_keep]).numel())
+    all_groups = int(torch.unique(groups[ok]).numel())
+    stats = {"groups_kept": float(kept_groups), "groups_total": float(all_groups)}
+    return Advantages(ep_adv[rollout.episode], None, ep_keep[rollout.episode], stats)
+
+
+def nft_optimality(rollout: Rollout, algo: AlgoConfig) -> Advantages:
+    """DiffusionNFT's optimality probability r per decision (from the group advantage of its episode)."""
+    grp = group_advantages(rollout, algo)
+    r = get_algorithm("advantage", "nft_optimality")(grp.advantages, a_max=algo.nft_a_max)
+    if algo.group_size == 1:  # no groups: baseline is the batch's mean success
+        adv = rollout.ep_success - rollout.ep_success.mean()
+        r = get_algorithm("advantage", "nft_optimality")(adv[rollout.episode] * algo.nft_a_max, a_max=algo.nft_a_max)
+        grp.keep = ~rollout.ep_failed[rollout.episode]
+    return Advantages(r, None, grp.keep, grp.stats)
+
+
+def dpo_pairs(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -> torch.Tensor:
+    """``(P, 2)`` episode pairs (winner, loser): a success and a failure from the same initial state."""
+    pairs: list[tuple[int, int]] = []
+    ok = ~rollout.ep_failed
+    for group in torch.unique(rollout.ep_group).tolist():
+        members = torch.nonzero((rollout.ep_group == group) & ok).flatten()
+        wins = members[rollout.ep_success[members] > 0.5]
+        losses = members[rollout.ep_success[members] <= 0.5]
+        if len(wins) == 0 or len(losses) == 0:
+            continue
+        all_pairs = [(int(w), int(lo)) for w in wins for lo in losses]
+        order = torch.randperm(len(all_pairs), generator=generator)[: algo.dpo_pairs_per_group]
+        pairs.extend(all_pairs[i] for i in order.tolist())
+    return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)

@@ -1,0 +1,187 @@
+"""The RL recipe: which policy to start from, how to roll out, which algorithm, how long, where to write.
+
+One config model serves every online algorithm (``trainer`` = ``joint_ppo``, ``grpo``, ``nft`` or
+``dpo``): they share the rollout (vectorized tabletop envs, one batched policy call per decision,
+an action chunk as one MDP step), the optimizer, the checkpoint cadence and the evaluation hook, and
+differ in the ``[algo]`` fields each one reads (listed per field). Every field documents its unit
+and purpose; ``--set algo.clip=0.1`` overrides one and a typo is an error naming the dotted field.
+
+``RUNTIME_FIELDS`` may change when a run is resumed; anything else changes what the policy learns and
+resuming into a folder whose saved recipe differs in it is refused, naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from cosmos_robot.config import StrictModel
+
+__all__ = [
+    "ALGORITHMS",
+    "RUNTIME_FIELDS",
+    "AlgoConfig",
+    "EnvConfig",
+    "EvalConfig",
+    "OptimConfig",
+    "OutputConfig",
+    "RLConfig",
+    "RolloutConfig",
+    "TrainConfig",
+]
+
+ALGORITHMS = ("joint_ppo", "grpo", "nft", "dpo")
+TABLETOP_TASKS = ["reach", "push", "pick_place", "open_drawer"]
+
+
+class EnvConfig(StrictModel):
+    """The simulated envs the rollouts run on (the multi-task tabletop env, one process per env)."""
+
+    tasks: list[str] = Field(default_factory=lambda: list(TABLETOP_TASKS))  # tabletop tasks, assigned round-robin
+    num_envs: int = Field(default=8, ge=1)  # envs stepping in lockstep (one batched policy call per decision)
+    vector_mode: Literal["sync", "async", "ray"] = "async"  # in-process, a process per env, or a Ray actor per env
+    image_size: int = Field(default=128, ge=8)  # camera side the envs render (the policy resizes, as when serving)
+    max_steps: int | None = Field(default=None, ge=1)  # cap on env steps per episode (None: each task's own)
+    step_timeout: float = Field(default=60.0, gt=0)  # seconds before a silent env worker counts as hung
+    seed: int = 0  # base of the episode seeds (layouts); eval uses eval.seed instead
+
+
+class RolloutConfig(StrictModel):
+    """How episodes are collected each iteration."""
+
+    episodes_per_iter: int = Field(default=32, ge=1)  # episodes per iteration (a multiple of algo.group_size)
+    replan_steps: int = Field(default=5, ge=1)  # executed actions per chunk: one MDP step (H in the notes)
+    sample_mode: Literal["flow_sde", "flow_noise", "ode"] = "flow_sde"  # log-prob sampler (ode: NFT/DPO only)
+    num_flow_steps: int | None = Field(default=None, ge=1)  # denoising steps K (None: the checkpoint's)
+    noise_level: float | None = Field(default=None, gt=0)  # Flow-SDE a in sigma_t = a sqrt(t/(1-t)) (None: ckpt)
+    num_workers: int = Field(default=1, ge=1)  # rollout workers; > 1 runs them as Ray actors (pip install ray)
+
+
+class AlgoConfig(StrictModel):
+    """Algorithm hyperparameters (each line says which trainers read it)."""
+
+    gamma: float = Field(default=0.99, ge=0, le=1)  # joint_ppo: discount per chunk step
+    lam: float = Field(default=0.95, ge=0, le=1)  # joint_ppo: GAE lambda
+    clip: float = Field(default=0.2, gt=0)  # joint_ppo, grpo: PPO ratio clip
+    clip_high: float | None = Field(default=None, gt=0)  # joint_ppo, grpo: upper clip (None: = clip; DAPO 0.28)
+    dual_clip: float | None = Field(default=3.0, gt=1)  # joint_ppo, grpo: dual-clip constant c (None: off)
+    value_coef: float = Field(default=0.5, ge=0)  # joint_ppo: weight of the value loss in the joint loss
+    value_clip: float | None = Field(default=0.2, gt=0)  # joint_ppo: value clipping around the old value
+    huber_delta: float = Field(default=10.0, gt=0)  # joint_ppo: Huber delta of the value loss
+    entropy_coef: float = Field(default=0.0, ge=0)  # joint_ppo, grpo: entropy bonus (flow_noise; RLinf 0.005)
+    kl_coef: float = Field(default=0.0, ge=0)  # joint_ppo, grpo: k3 KL to the frozen initial policy (0: none)
+    detach_critic: bool = False  # joint_ppo: stop value gradients at the shared trunk
+    critic_warmup_iters: int = Field(default=0, ge=0)  # joint_ppo: iterations that train only the value head
+    normalize_advantages: bool = True  # joint_ppo: whiten advantages over the batch
+    group_size: int = Field(default=1, ge=1)  # grpo, nft, dpo: episodes sharing one initial state (G)
+    advantage: Literal["grpo", "dr_grpo"] = "grpo"  # grpo, nft: group-normalised (std) or Dr-GRPO (no std)
+    policy_loss: Literal["ppo", "gspo"] = "ppo"  # grpo: per-decision clipped ratio or GSPO sequence ratio
+    gspo_clip_low: float = Field(default=3e-4, gt=0)  # grpo + gspo: lower clip of the sequence ratio
+    gspo_clip_high: float = Field(default=4e-4, gt=0)  # grpo + gspo: upper clip of the sequence ratio
+    filter_groups: bool = True  # grpo, nft: drop groups whose episodes all succeeded or all failed
+    nft_beta: float = Field(default=1.0, gt=0)  # nft: guidance strength beta of v+/v-
+    nft_a_max: float = Field(default=5.0, gt=0)  # nft: advantage clip A_max of the optimality probability
+    nft_old_decay: float = Field(default=0.0, ge=0, lt=1)  # nft: EMA of the "old" policy (0: the rollout policy)
+    nft_samples: int = Field(default=1, ge=1)  # nft, dpo: (t, noise) draws per decision and epoch
+    dpo_beta: float = Field(default=100.0, gt=0)  # dpo: Flow-DPO beta
+    dpo_pairs_per_group: int = Field(default=4, ge=1)  # dpo: (success, failure) episode pairs per group
+
+
+class OptimConfig(StrictModel):
+    """AdamW over two parameter groups: the value head (critic lr) and everything else (actor lr)."""
+
+    actor_lr: float = Field(default=1e-5, gt=0)  # policy (encoder, trunk, expert, noise head) learning rate
+    critic_lr: float = Field(default=1e-3, gt=0)  # value head learning rate
+    weight_decay: float = Field(default=0.0, ge=0)  # AdamW decoupled weight decay
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas (RLinf)
+    grad_clip: float | None = Field(default=1.0, gt=0)  # global grad-norm clip (None: off)
+    epochs: int = Field(default=4, ge=1)  # passes over each iteration's data
+    minibatch_size: int = Field(default=128, ge=1)  # decisions (nft/dpo: decisions or pairs) per optimizer step
+
+
+class TrainConfig(StrictModel):
+    """Length, seeding, devices and the checkpoint / logging cadence."""
+
+    iterations: int = Field(default=100, ge=1)  # rollout + update iterations
+    seed: int = 0  # seeds sampling noise, minibatch order and flow draws
+    device: str = "cpu"  # torch device of the learner and the in-process rollout model
+    num_threads: int | None = Field(default=2, ge=1)  # torch intra-op threads
+    deterministic: bool = True  # deterministic kernels (exact resume)
+    ckpt_every: int = Field(default=5, ge=1)  # iterations between checkpoints
+    keep_checkpoints: int = Field(default=2, ge=1)  # newest checkpoint folders kept
+    max_wall_minutes: float | None = Field(default=None, gt=0)  # stop (checkpoint + export) after this long
+    progress: bool = True  # progress bar on stderr
+
+
+class EvalConfig(StrictModel):
+    """Periodic deterministic (ODE) evaluation on held-out layouts; its success is the learning curve."""
+
+    every: int = Field(default=10, ge=0)  # iterations between evaluations (0: never; iteration 0 and last always)
+    initial: bool = True  # evaluate the starting policy before training
+    final: bool = True  # evaluate the final policy
+    episodes_per_task: int = Field(default=10, ge=1)  # episodes per task and evaluation
+    final_episodes_per_task: int = Field(default=25, ge=1)  # episodes per task of the final evaluation
+    num_envs: int = Field(default=8, ge=1)  # envs in lockstep
+    seed: int = 1000  # eval seeds (held out from training seeds)
+    vector_mode: Literal["sync", "async"] = "async"
+
+
+class OutputConfig(StrictModel):
+    """Where the run writes: config, metrics, TensorBoard, checkpoints, final policy, learning curve."""
+
+    dir: str  # output folder (relative to the working directory)
+    tensorboard: bool = True  # TensorBoard events under <dir>/tensorboard
+    plot: bool = True  # <dir>/learning_curve.png after every evaluation and at the end
+
+
+class RLConfig(StrictModel):
+    """An online RL run that post-trains a flow policy checkpoint in simulation."""
+
+    trainer: Literal["joint_ppo", "grpo", "nft", "dpo"]  # which algorithm
+    name: str = "rl"  # run name (logs)
+    init: str  # the starting policy folder (a `flow` checkpoint, e.g. an SFT run's final/)
+    env: EnvConfig = Field(default_factory=lambda: EnvConfig())
+    rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig())
+    algo: AlgoConfig = Field(default_factory=lambda: AlgoConfig())
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig())
+    train: TrainConfig = Field(default_factory=lambda: TrainConfig())
+    eval: EvalConfig = Field(default_factory=lambda: EvalConfig())
+    output: OutputConfig
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RLConfig:
+        g = self.algo.group_size
+        if self.rollout.episodes_per_iter % g:
+            raise ValueError(
+                f"rollout.episodes_per_iter ({self.rollout.episodes_per_iter}) must be a multiple of "
+                f"algo.group_size ({g})"
+            )
+        if self.trainer in ("grpo", "dpo") and g < 2:
+            raise ValueError(f"algo.group_size must be >= 2 for {self.trainer} (episodes compared per initial state)")
+        if self.trainer in ("joint_ppo", "grpo") and self.rollout.sample_mode == "ode":
+            raise ValueError(
+                f"rollout.sample_mode 'ode' has no log-probs; {self.trainer} needs 'flow_sde' or 'flow_noise'"
+            )
+        if self.rollout.num_workers > self.env.num_envs:
+            raise ValueError(
+                f"rollout.num_workers ({self.rollout.num_workers}) exceeds env.num_envs ({self.env.num_envs})"
+            )
+        return self
+
+
+RUNTIME_FIELDS = frozenset(
+    {
+        "name",
+        "env.vector_mode",
+        "env.step_timeout",
+        "rollout.num_workers",
+        "train.ckpt_every",
+        "train.keep_checkpoints",
+        "train.max_wall_minutes",
+        "train.progress",
+        "train.iterations",
+        "output",
+        "eval",
+    }
+)

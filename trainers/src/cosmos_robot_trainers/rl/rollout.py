@@ -1,0 +1,356 @@
+"""Rollouts: episodes on the vectorized envs, one batched policy call per decision, chunk = MDP step.
+
+Why a decision loop over lockstep envs: every env that needs an action chunk is served by ONE
+batched forward pass (encoder, value head, K denoising steps with log-probs), then each env executes
+``replan_steps`` actions of its chunk; the rewards inside a chunk are summed into one MDP step
+(notes §1.4, chunk-level MDP). An env whose episode ends starts the next episode of the iteration's
+schedule at the next decision, so the envs stay busy while episodes of different lengths finish.
+
+Why an explicit episode schedule (``episode_specs``): GRPO, NFT and DPO compare episodes that start
+from the same initial state, so a group of ``group_size`` specs shares one (task, seed); PPO uses
+groups of one. Seeds are a pure function of (env seed, iteration, group), disjoint from the
+evaluation seeds, so a resumed run replays the same layouts.
+
+What is stored per decision (``Rollout``) is what the learner needs to recompute everything under
+new parameters: the model-ready observation (resized uint8 cameras, normalised state, prompt), the
+whole denoising chain, the Flow-SDE step index, the old log-prob and value, the summed reward, the
+episode-end flags and, for a time-limit truncation, the value of the final observation (truncation
+bootstrapping, checklist item 7).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+
+from cosmos_robot.policies.flow import FlowPolicy
+from cosmos_robot.policies.flow.policy import collate_observations
+from cosmos_robot.policies.flow.sampling import sample_actions
+from cosmos_robot.transforms import run_transforms
+from cosmos_robot_envs.vector import BatchedEnv, EnvFactory, make_vector_env
+from cosmos_robot_trainers.rl.config import RLConfig
+
+__all__ = ["EpisodeSpec", "Rollout", "RolloutWorker", "concat_rollouts", "episode_specs", "make_envs"]
+
+TRAIN_SEED_BASE = 1_000_000  # training layouts start here; evaluation uses small seeds (eval.seed = 1000)
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """One scheduled episode: its index in the iteration, task, layout seed and group."""
+
+    index: int
+    task: str
+    seed: int
+    group: int
+
+
+def episode_specs(config: RLConfig, iteration: int) -> list[EpisodeSpec]:
+    """The iteration's episodes: ``episodes_per_iter / group_size`` groups, tasks round-robin."""
+    g = config.algo.group_size
+    n_groups = config.rollout.episodes_per_iter // g
+    tasks = config.env.tasks
+    specs: list[EpisodeSpec] = []
+    for group in range(n_groups):
+        serial = iteration * n_groups + group
+        task = tasks[serial % len(tasks)]
+        seed = TRAIN_SEED_BASE * (1 + config.env.seed) + serial
+        specs.extend(EpisodeSpec(group * g + k, task, seed, group) for k in range(g))
+    return specs
+
+
+@dataclass
+class Rollout:
+    """Decisions (first dim M) and episodes (first dim E) of one iteration, as CPU tensors."""
+
+    # per decision
+    images: torch.Tensor  # (M, ncam, 3, S, S) uint8, resized like serving
+    state: torch.Tensor  # (M, state_dim) float32, normalised
+    prompts: list[str]  # (M,)
+    chain: torch.Tensor  # (M, K + 1, H, D) float32 denoising chain (normalised action units)
+    sde_step: torch.Tensor  # (M,) int64 Flow-SDE step (-1 for flow_noise / ode)
+    log_prob: torch.Tensor  # (M,) float32 old log-prob (chunk level, executed slice)
+    value: torch.Tensor  # (M,) float32 old value
+    reward: torch.Tensor  # (M,) float32 summed over the executed chunk
+    done: torch.Tensor  # (M,) bool: the episode ended after this decision
+    truncated: torch.Tensor  # (M,) bool: the episode was cut by the time limit (or a failed worker) here
+    bootstrap: torch.Tensor  # (M,) float32 V(final obs) where ``truncated``, else 0
+    episode: torch.Tensor  # (M,) int64 episode index (into the per-episode fields)
+    step: torch.Tensor  # (M,) int64 decision index within its episode
+    # per episode
+    ep_task: list[str]
+    ep_group: torch.Tensor  # (E,) int64
+    ep_success: torch.Tensor  # (E,) float32 (1.0 / 0.0)
+    ep_return: torch.Tensor  # (E,) float32 undiscounted
+    ep_length: torch.Tensor  # (E,) int64 env steps
+    ep_failed: torch.Tensor  # (E,) bool: a worker crashed or hung (truncated, not a policy failure)
+    # bookkeeping
+    env_steps: int = 0
+    wall_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_decisions(self) -> int:
+        return int(self.log_prob.shape[0])
+
+    @property
+    def num_episodes(self) -> int:
+        return int(self.ep_success.shape[0])
+
+
+def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
+    """One rollout from several workers' parts (episode indices re-based, groups kept)."""
+    if len(parts) == 1:
+        return parts[0]
+    values: dict[str, Any] = {}
+    offset, offsets = 0, []
+    for part in parts:
+        offsets.append(offset)
+        offset += part.num_episodes
+    for f in fields(Rollout):
+        items = [getattr(p, f.name) for p in parts]
+        if f.name == "episode":
+            values[f.name] = torch.cat([x + off for x, off in zip(items, offsets)])
+        elif f.name == "env_steps":
+            values[f.name] = sum(items)
+        elif f.name == "wall_s":
+            values[f.name] = {k: max(d.get(k, 0.0) for d in items) for k in items[0]}
+        elif isinstance(items[0], list):
+            values[f.name] = [x for item in items for x in item]
+        else:
+            values[f.name] = torch.cat(items)
+    return Rollout(**values)
+
+
+def make_envs(config: RLConfig, num_envs: int | None = None) -> BatchedEnv:
+    """The multi-task tabletop env, ``num_envs`` copies behind the project's vector layer."""
+    kwargs = {
+        "tasks": list(config.env.tasks),
+        "obs_mode": "rgb",
+        "image_size": config.env.image_size,
+        "max_steps": config.env.max_steps,
+    }
+    return make_vector_env(
+        EnvFactory("CosmosRobot/Tabletop-v0", kwargs),
+        num_envs=num_envs or config.env.num_envs,
+        mode=config.env.vector_mode,
+        step_timeout=config.env.step_timeout,
+    )
+
+
+@dataclass
+class _Slot:
+    spec: EpisodeSpec
+    ret: float = 0.0
+    steps: int = 0
+    decisions: int = 0
+
+
+class _Recorder:
+    """Accumulates decision rows and finished episodes; ``build`` stacks them into a ``Rollout``."""
+
+    def __init__(self, specs: Sequence[EpisodeSpec]) -> None:
+        self.rows: dict[str, list[Any]] = {}
+        self.episodes: dict[int, tuple[float, float, int, bool]] = {}
+        self.specs = list(specs)
+
+    def add(self, **row: Any) -> None:
+        for key, value in row.items():
+            self.rows.setdefault(key, []).append(value)
+
+    def build(self, env_steps: int, wall: dict[str, float]) -> Rollout:
+        r = self.rows
+        index = {spec.index: i for i, spec in enumerate(self.specs)}
+        ep_rows = [self.episodes[s.index] for s in self.specs]
+        return Rollout(
+            images=torch.cat(r["images"]),
+            state=torch.cat(r["state"]),
+            prompts=[p for chunk in r["prompts"] for p in chunk],
+            chain=torch.cat(r["chain"]),
+            sde_step=torch.cat(r["sde_step"]),
+            log_prob=torch.cat(r["log_prob"]),
+            value=torch.cat(r["value"]),
+            reward=torch.tensor(np.concatenate(r["reward"]), dtype=torch.float32),
+            done=torch.tensor(np.concatenate(r["done"]), dtype=torch.bool),
+            truncated=torch.tensor(np.concatenate(r["truncated"]), dtype=torch.bool),
+            bootstrap=torch.tensor(np.concatenate(r["bootstrap"]), dtype=torch.float32),
+            episode=torch.tensor([index[e] for chunk in r["episode"] for e in chunk], dtype=torch.long),
+            step=torch.tensor(np.concatenate(r["step"]), dtype=torch.long),
+            ep_task=[s.task for s in self.specs],
+            ep_group=torch.tensor([s.group for s in self.specs], dtype=torch.long),
+            ep_success=torch.tensor([e[0] for e in ep_rows], dtype=torch.float32),
+            ep_return=torch.tensor([e[1] for e in ep_rows], dtype=torch.float32),
+            ep_length=torch.tensor([e[2] for e in ep_rows], dtype=torch.long),
+            ep_failed=torch.tensor([e[3] for e in ep_rows], dtype=torch.bool),
+            env_steps=env_steps,
+            wall_s=wall,
+        )
+
+
+class RolloutWorker:
+    """Envs + the policy: ``collect(specs, seed)`` runs the scheduled episodes and returns a ``Rollout``.
+
+    The policy is a ``FlowPolicy`` whose model the learner updates in place (single process) or whose
+    weights arrive through ``set_weights`` (a Ray actor). Sampling draws from a CPU generator seeded
+    per call, so the same weights, specs and seed give the same rollout on any device.
+    """
+
+    def __init__(self, config: RLConfig, policy: FlowPolicy, num_envs: int | None = None) -> None:
+        self.config = config
+        self.policy = policy
+        self.venv = make_envs(config, num_envs)
+        cfg = policy.config
+        self.cameras = list(cfg.cameras)
+        self.horizon = config.rollout.replan_steps
+        if self.horizon > cfg.horizon:
+            raise ValueError(f"rollout.replan_steps ({self.horizon}) exceeds the policy's chunk length ({cfg.horizon})")
+        self.num_flow_steps = config.rollout.num_flow_steps or cfg.num_flow_steps
+        self.noise_level = config.rollout.noise_level or cfg.noise_level
+
+    def set_weights(self, state: dict[str, Any]) -> None:
+        """Load weights sent by the learner (tensors or numpy arrays by parameter name)."""
+        tensors = {k: torch.as_tensor(v) for k, v in state.items()}
+        self.policy.model.load_state_dict(tensors)
+
+    def close(self) -> None:
+        self.venv.close()
+
+    # --- model side --------------------------------------------------------------------------------
+    def _model_batch(self, obs: dict[str, Any], rows: Sequence[int]) -> dict[str, Any]:
+        items = []
+        for i in rows:
+            wire = {f"observation/{cam}": obs[cam][i] for cam in self.cameras}
+            wire["observation/state"] = obs["state"][i]
+            wire["prompt"] = obs["prompt"][i]
+            items.append(run_transforms(self.policy.input_transforms, wire))
+        batch = collate_observations(items, self.policy.config, self.policy.device)
+        batch["prompt"] = [str(item["prompt"]) for item in items]
+        return batch
+
+    @torch.no_grad()
+    def _decide(self, batch: dict[str, Any], generator: torch.Generator) -> tuple[Any, torch.Tensor, np.ndarray]:
+        model = self.policy.model
+        context = model.encode(batch)
+        value = model.value(context)
+        mode = self.config.rollout.sample_mode
+        sample = sample_actions(
+            model,
+            context,
+            mode,
+            num_steps=self.num_flow_steps,
+            generator=generator,
+            noise_level=self.noise_level,
+            horizon=self.horizon,
+            dims=self.policy.config.action_dim,
+        )
+        actions = sample.actions.float().cpu().numpy()
+        env_actions = np.stack(
+            [run_transforms(self.policy.output_transforms, {"actions": a})["actions"] for a in actions]
+        )
+        return sample, value.float().cpu(), np.clip(env_actions[:, : self.horizon], -1.0, 1.0)
+
+    @torch.no_grad()
+    def _final_values(self, obs: dict[str, Any], rows: Sequence[int]) -> np.ndarray:
+        batch = self._model_batch(obs, rows)
+        return self.policy.model.value(self.policy.model.encode(batch)).float().cpu().numpy()
+
+    # --- the loop -------------------------------------------------------------------------------------
+    def collect(self, specs: Sequence[EpisodeSpec], seed: int) -> Rollout:
+        """Run every scheduled episode to its end; ``seed`` seeds the sampling noise."""
+        self.policy.model.eval()
+        generator = torch.Generator().manual_seed(seed)
+        venv, n = self.venv, self.venv.num_envs
+        pending = list(specs)[::-1]
+        slots: list[_Slot | None] = [None] * n
+        rec = _Recorder(specs)
+        obs: dict[str, Any] = {}
+        wall = {"env": 0.0, "policy": 0.0}
+        env_steps = 0
+        while pending or any(slots):
+            free = [i for i in range(n) if slots[i] is None]
+            if free and pending:
+                start = [(i, pending.pop()) for i in free[: len(pending)]]
+                mask = np.zeros(n, dtype=bool)
+                mask[[i for i, _ in start]] = True
+                t0 = time.perf_counter()
+                obs, infos = venv.reset(
+                    seeds=[s.seed for _, s in start], options=[{"task": s.task} for _, s in start], mask=mask
+                )
+                wall["env"] += time.perf_counter() - t0
+                for i, spec in start:
+                    if "truncated_reason" in infos[i]:
+                        rec.episodes[spec.index] = (0.0, 0.0, 0, True)  # reset failed twice; skip the episode
+                    else:
+                        slots[i] = _Slot(spec)
+            active = [i for i in range(n) if slots[i] is not None]
+            if not active:
+                continue
+            t0 = time.perf_counter()
+            batch = self._model_batch(obs, active)
+            sample, values, chunk = self._decide(batch, generator)
+            wall["policy"] += time.perf_counter() - t0
+            reward = np.zeros(len(active), dtype=np.float32)
+            done = np.zeros(len(active), dtype=bool)
+            truncated = np.zeros(len(active), dtype=bool)
+            t0 = time.perf_counter()
+            for h in range(self.horizon):
+                alive = np.zeros(n, dtype=bool)
+                actions = np.zeros((n, chunk.shape[-1]), dtype=np.float32)
+                for j, i in enumerate(active):
+                    if not done[j]:
+                        alive[i] = True
+                        actions[i] = chunk[j, h]
+                if not alive.any():
+                    break
+                obs, rewards, term, trunc, infos = venv.step(actions, mask=alive)
+                for j, i in enumerate(active):
+                    if not alive[i]:
+                        continue
+                    slot = slots[i]
+                    assert slot is not None
+                    env_steps += 1
+                    slot.steps += 1
+                    reward[j] += float(rewards[i])
+                    if term[i] or trunc[i]:
+                        done[j] = True
+                        truncated[j] = bool(trunc[i]) and not bool(term[i])
+                        success = bool(infos[i].get("is_success", False))
+                        failed = "worker_error" in infos[i] or "truncated_reason" in infos[i]
+                        rec.episodes[slot.spec.index] = (
+                            float(success),
+                            slot.ret + float(reward[j]),
+                            slot.steps,
+                            failed,
+                        )
+            wall["env"] += time.perf_counter() - t0
+            bootstrap = np.zeros(len(active), dtype=np.float32)
+            cut = [j for j in range(len(active)) if truncated[j]]
+            if cut:
+                bootstrap[cut] = self._final_values(obs, [active[j] for j in cut])
+            rec.add(
+                images=batch["images"].cpu(),
+                state=batch["state"].cpu(),
+                prompts=batch["prompt"],
+                chain=sample.chain.float().cpu(),
+                sde_step=sample.sde_step.cpu(),
+                log_prob=sample.log_prob.float().cpu(),
+                value=values,
+                reward=reward,
+                done=done,
+                truncated=truncated,
+                bootstrap=bootstrap,
+                episode=[slots[i].spec.index for i in active],  # type: ignore[union-attr]
+                step=np.array([slots[i].decisions for i in active]),  # type: ignore[union-attr]
+            )
+            for j, i in enumerate(active):
+                slot = slots[i]
+                assert slot is not None
+                slot.decisions += 1
+                slot.ret += float(reward[j])
+                if done[j]:
+                    slots[i] = None
+        return rec.build(env_steps, wall)
