@@ -4,6 +4,7 @@ the ratio gate holds (and can fail); the rollout schedule, GAE layout and DPO pa
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,10 @@ def quiet(_: str) -> None:
 
 
 def debug_config(algo: str, out: Path, *overrides: str) -> RLConfig:
+    init = tomllib.loads((ROOT / "recipes" / f"debug_{algo}.toml").read_text())["init"]
     _, config = load_train_recipe(
         f"debug_{algo}",
-        [f"init={json.dumps(str(CKPT))}", f"output.dir={json.dumps(str(out))}", *overrides],
+        [f"init={json.dumps(str(ROOT / init))}", f"output.dir={json.dumps(str(out))}", *overrides],
     )
     assert isinstance(config, RLConfig)
     return config
@@ -60,6 +62,9 @@ def test_debug_recipe_runs_resumes_exactly_and_exports(algo: str, tmp_path: Path
     wa = load_policy(full.final_dir).model.state_dict()  # type: ignore[attr-defined]
     wb = load_policy(resumed.final_dir).model.state_dict()  # type: ignore[attr-defined]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # each algorithm's update really ran (not skipped for lack of informative groups or pairs)
+    loss_key = {"joint_ppo": "policy_loss", "grpo": "policy_loss", "nft": "nft_loss", "dpo": "dpo_loss"}[algo]
+    assert any(loss_key in record for record in a)
     if algo in ("joint_ppo", "grpo"):
         for record in a:
             if "ratio_dev_first_mb" in record:  # GRPO skips an update whose groups were all filtered
