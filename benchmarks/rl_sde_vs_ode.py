@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--episodes-per-task", type=int, default=25)
     parser.add_argument("--num-envs", type=int, default=4)
     parser.add_argument("--noise-level", type=float, default=None)
+    parser.add_argument("--num-steps", type=int, default=None, help="denoising steps K (default: the checkpoint's)")
     parser.add_argument("--seed", type=int, default=1000)
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
@@ -47,6 +48,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     base = FlowPolicy.from_pretrained(args.ckpt)
+    if args.num_steps is not None:  # serve with K steps too, so every row uses the same discretisation
+        base.model.config = base.model.config.model_copy(update={"num_flow_steps": args.num_steps})
+        base.config = base.model.config
     rows: list[tuple[str, Any]] = [
         ("ode (served)", base),
         ("ode (fresh noise)", SampledFlowPolicy(base, "ode", seed=1)),
@@ -74,7 +78,10 @@ def main() -> None:
             "episodes": res["totals"]["episodes"],
         }
     tasks = list(next(iter(results.values()))["tasks"])
-    table = Table(title=f"{args.ckpt}: success by sampler ({args.episodes_per_task} episodes/task, seed {args.seed})")
+    steps = args.num_steps or base.config.num_flow_steps
+    table = Table(
+        title=f"{args.ckpt}: success by sampler, K={steps} ({args.episodes_per_task} episodes/task, seed {args.seed})"
+    )
     for col in ["sampler", *tasks, "total", "vs served"]:
         table.add_column(col, justify="right" if col != "sampler" else "left")
     served = results["ode (served)"]["total"]
@@ -84,7 +91,8 @@ def main() -> None:
     Console().print(table)
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"ckpt": args.ckpt, "noise_level": args.noise_level, "results": results}, fh, indent=2)
+            meta = {"ckpt": args.ckpt, "noise_level": args.noise_level, "num_steps": args.num_steps}
+            json.dump({**meta, "results": results}, fh, indent=2)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,10 @@ the ratio gate holds (and can fail); the rollout schedule, GAE layout and DPO pa
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from cosmos_robot.policies import load_policy
@@ -265,3 +265,18 @@ def test_ray_rollout_workers_match_the_schedule(tmp_path: Path) -> None:
     assert result.finished
     (record,) = read_metrics(tmp_path)
     assert record["env_steps"] > 0 and record["decisions"] > 0
+
+
+def test_progress_shaping_telescopes_per_episode() -> None:
+    """With shaping c, an episode's rewards sum to success + c * (phi_last - phi_first), within [-c, c] of it."""
+    config = debug_config("joint_ppo", Path("/x"), "env.max_steps=15", "reward.shaping_coef=2.0")
+    worker = RolloutWorker(config, FlowPolicy.from_pretrained(CKPT))
+    try:
+        r = worker.collect(episode_specs(config, 0), seed=3)
+    finally:
+        worker.close()
+    sums = torch.zeros(r.num_episodes).index_add_(0, r.episode, r.reward)
+    extra = sums - r.ep_success
+    assert torch.all(extra.abs() <= 2.0 + 1e-5)
+    assert bool((extra != 0).any())  # the shaping is really there
+    assert torch.equal(r.ep_return, r.ep_success)  # statistics stay on the env's sparse reward

@@ -2,6 +2,8 @@
 
 Why PyAV: its wheels bundle FFmpeg, so a headless simulator box needs no system ``ffmpeg`` binary and
 no subprocess pipe. yuv420p needs even sides, so odd-sized frames are padded by one edge pixel.
+Imported lazily: an evaluation that records no videos (RL trainers' eval hooks, a slim simulator
+image) must not need PyAV.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 
-import av
 import numpy as np
 
 __all__ = ["write_mp4"]
@@ -23,6 +24,8 @@ def write_mp4(path: Path, frames: Sequence[np.ndarray], fps: int, *, crf: int = 
     first = np.asarray(frames[0])
     if first.dtype != np.uint8 or first.ndim != 3 or first.shape[2] != 3:
         raise ValueError(f"write_mp4({path}): frames must be uint8 (H, W, 3), got {first.dtype} {first.shape}")
+    import av
+
     h, w = first.shape[0], first.shape[1]
     pad_h, pad_w = h % 2, w % 2
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ __all__ = [
     "OptimConfig",
     "OutputConfig",
     "RLConfig",
+    "RewardConfig",
     "RolloutConfig",
     "TrainConfig",
 ]
@@ -56,6 +57,13 @@ class RolloutConfig(StrictModel):
     num_flow_steps: int | None = Field(default=None, ge=1)  # denoising steps K (None: the checkpoint's)
     noise_level: float | None = Field(default=None, gt=0)  # Flow-SDE a in sigma_t = a sqrt(t/(1-t)) (None: ckpt)
     num_workers: int = Field(default=1, ge=1)  # rollout workers; > 1 runs them as Ray actors (pip install ray)
+
+
+class RewardConfig(StrictModel):
+    """The MDP reward: the env's sparse success reward plus optional potential-based progress shaping."""
+
+    success_coef: float = Field(default=1.0, gt=0)  # reward for the step that succeeds (the env's sparse reward)
+    shaping_coef: float = Field(default=0.0, ge=0)  # c in c * (phi(s') - phi(s)), phi = info["dense_reward"]
 
 
 class AlgoConfig(StrictModel):
@@ -143,6 +151,7 @@ class RLConfig(StrictModel):
     init: str  # the starting policy folder (a `flow` checkpoint, e.g. an SFT run's final/)
     env: EnvConfig = Field(default_factory=lambda: EnvConfig())
     rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig())
+    reward: RewardConfig = Field(default_factory=lambda: RewardConfig())
     algo: AlgoConfig = Field(default_factory=lambda: AlgoConfig())
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig())
     train: TrainConfig = Field(default_factory=lambda: TrainConfig())

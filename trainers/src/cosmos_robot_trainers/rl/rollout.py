@@ -16,6 +16,12 @@ new parameters: the model-ready observation (resized uint8 cameras, normalised s
 whole denoising chain, the Flow-SDE step index, the old log-prob and value, the summed reward, the
 episode-end flags and, for a time-limit truncation, the value of the final observation (truncation
 bootstrapping, checklist item 7).
+
+Reward: ``success_coef`` times the env's sparse success reward, plus, with ``shaping_coef`` c > 0,
+potential-based progress shaping c * (phi(s') - phi(s)) with phi = the env's ``info["dense_reward"]``
+(a task-progress measure in [0, 1], 1 on success). Over an episode the shaping telescopes to
+c * (phi(last) - phi(first)): it pays for progress, never for dawdling, and success still dominates.
+Episode success and return statistics always use the unshaped env reward.
 """
 
 from __future__ import annotations
@@ -76,7 +82,7 @@ class Rollout:
     sde_step: torch.Tensor  # (M,) int64 Flow-SDE step (-1 for flow_noise / ode)
     log_prob: torch.Tensor  # (M,) float32 old log-prob (chunk level, executed slice)
     value: torch.Tensor  # (M,) float32 old value
-    reward: torch.Tensor  # (M,) float32 summed over the executed chunk
+    reward: torch.Tensor  # (M,) float32 MDP reward of the chunk (summed, scaled, shaped: what the learner uses)
     done: torch.Tensor  # (M,) bool: the episode ended after this decision
     truncated: torch.Tensor  # (M,) bool: the episode was cut by the time limit (or a failed worker) here
     bootstrap: torch.Tensor  # (M,) float32 V(final obs) where ``truncated``, else 0
@@ -145,6 +151,7 @@ def make_envs(config: RLConfig, num_envs: int | None = None) -> BatchedEnv:
 @dataclass
 class _Slot:
     spec: EpisodeSpec
+    potential: float = 0.0  # info["dense_reward"] of the latest observation (progress shaping)
     ret: float = 0.0
     steps: int = 0
     decisions: int = 0
@@ -270,6 +277,7 @@ class RolloutWorker:
         obs: dict[str, Any] = {}
         wall = {"env": 0.0, "policy": 0.0}
         env_steps = 0
+        rcfg = self.config.reward
         while pending or any(slots):
             free = [i for i in range(n) if slots[i] is None]
             if free and pending:
@@ -285,7 +293,7 @@ class RolloutWorker:
                     if "truncated_reason" in infos[i]:
                         rec.episodes[spec.index] = (0.0, 0.0, 0, True)  # reset failed twice; skip the episode
                     else:
-                        slots[i] = _Slot(spec)
+                        slots[i] = _Slot(spec, potential=float(infos[i].get("dense_reward", 0.0)))
             active = [i for i in range(n) if slots[i] is not None]
             if not active:
                 continue
@@ -293,7 +301,8 @@ class RolloutWorker:
             batch = self._model_batch(obs, active)
             sample, values, chunk = self._decide(batch, generator)
             wall["policy"] += time.perf_counter() - t0
-            reward = np.zeros(len(active), dtype=np.float32)
+            reward = np.zeros(len(active), dtype=np.float32)  # the env's (unshaped) reward, summed
+            shaped = np.zeros(len(active), dtype=np.float32)  # what the learner sees
             done = np.zeros(len(active), dtype=bool)
             truncated = np.zeros(len(active), dtype=bool)
             t0 = time.perf_counter()
@@ -315,6 +324,11 @@ class RolloutWorker:
                     env_steps += 1
                     slot.steps += 1
                     reward[j] += float(rewards[i])
+                    shaped[j] += rcfg.success_coef * float(rewards[i])
+                    if rcfg.shaping_coef > 0 and "dense_reward" in infos[i]:
+                        phi = float(infos[i]["dense_reward"])
+                        shaped[j] += rcfg.shaping_coef * (phi - slot.potential)
+                        slot.potential = phi
                     if term[i] or trunc[i]:
                         done[j] = True
                         truncated[j] = bool(trunc[i]) and not bool(term[i])
@@ -339,7 +353,7 @@ class RolloutWorker:
                 sde_step=sample.sde_step.cpu(),
                 log_prob=sample.log_prob.float().cpu(),
                 value=values,
-                reward=reward,
+                reward=shaped,
                 done=done,
                 truncated=truncated,
                 bootstrap=bootstrap,

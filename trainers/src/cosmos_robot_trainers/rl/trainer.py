@@ -151,6 +151,14 @@ def run_rl(
     device = torch.device(tcfg.device)
     policy = FlowPolicy.from_pretrained(config.init, device=device)
     model = policy.model
+    steps = config.rollout.num_flow_steps
+    if steps is not None and steps != model.config.num_flow_steps:
+        # the policy is trained (and so evaluated and exported) for the sampler the rollouts use
+        log(
+            f"serving with {steps} denoising steps (rollout.num_flow_steps; the checkpoint has {model.config.num_flow_steps})"
+        )
+        model.config = model.config.model_copy(update={"num_flow_steps": steps})
+        policy.config = model.config
     ref_model = _frozen(model) if (config.trainer == "dpo" or config.algo.kl_coef > 0) else None
     old_model = _frozen(model) if config.trainer == "nft" else None
     optimizer = build_optimizer(model, config)
@@ -212,6 +220,7 @@ def run_rl(
                 it += 1
                 iter_wall = time.perf_counter() - t_iter
                 metrics.update(phases.times)
+                metrics.update({f"time/rollout_{k}": round(v, 4) for k, v in rollout.wall_s.items()})
                 metrics.update(
                     {
                         "env_steps": rollout.env_steps,
