@@ -24,6 +24,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +34,7 @@ from cosmos_robot.policies.flow import FlowPolicy
 from cosmos_robot.policies.flow.policy import collate_observations
 from cosmos_robot.policies.flow.sampling import recompute_log_prob, sample_actions
 from cosmos_robot.transforms import run_transforms
-from cosmos_robot_envs.vector import EnvFactory, make_vector_env
+from cosmos_robot_envs.vector import BatchedEnv, EnvFactory, make_vector_env
 
 
 @dataclass
@@ -81,7 +82,7 @@ def model_batch(policy: FlowPolicy, obs: dict, rows: list[int]) -> dict:
     return batch
 
 
-def rollout(args: Args, policy: FlowPolicy, envs, iteration: int) -> dict:  # type: ignore[no-untyped-def]
+def rollout(args: Args, policy: FlowPolicy, envs: BatchedEnv, iteration: int) -> dict:
     """Play the iteration's episodes; return flat per-decision lists."""
     model = policy.model.eval()
     gen = torch.Generator().manual_seed(iteration_seed(args, iteration, 0))
@@ -284,21 +285,23 @@ def main(args: Args) -> FlowPolicy:
     return policy
 
 
-def parse_args() -> Args:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: list[str] | None = None) -> Args:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    defaults = Args()
     for f in dataclasses.fields(Args):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        default: Any = getattr(defaults, f.name)
+        flag = "--" + f.name.replace("_", "-")
         if isinstance(default, list):
-            parser.add_argument(f"--{f.name.replace('_', '-')}", nargs="+", default=default)
+            parser.add_argument(flag, nargs="+", default=default)
         elif isinstance(default, tuple):
-            parser.add_argument(f"--{f.name.replace('_', '-')}", nargs=2, type=float, default=default)
-        elif f.name == "max_steps":
-            parser.add_argument("--max-steps", type=int, default=None)
+            parser.add_argument(flag, nargs=2, type=float, default=default)
+        elif default is None:
+            parser.add_argument(flag, type=int, default=None)
         else:
-            parser.add_argument(f"--{f.name.replace('_', '-')}", type=type(default), default=default)
-    return Args(
-        **{k: (tuple(v) if isinstance(v, list) and k == "betas" else v) for k, v in vars(parser.parse_args()).items()}
-    )
+            parser.add_argument(flag, type=type(default), default=default)
+    values: dict[str, Any] = vars(parser.parse_args(argv))
+    values["betas"] = tuple(values["betas"])
+    return Args(**values)
 
 
 if __name__ == "__main__":

@@ -154,9 +154,8 @@ def run_rl(
     steps = config.rollout.num_flow_steps
     if steps is not None and steps != model.config.num_flow_steps:
         # the policy is trained (and so evaluated and exported) for the sampler the rollouts use
-        log(
-            f"serving with {steps} denoising steps (rollout.num_flow_steps; the checkpoint has {model.config.num_flow_steps})"
-        )
+        ckpt_steps = model.config.num_flow_steps
+        log(f"serving with {steps} denoising steps (rollout.num_flow_steps; the checkpoint has {ckpt_steps})")
         model.config = model.config.model_copy(update={"num_flow_steps": steps})
         policy.config = model.config
     ref_model = _frozen(model) if (config.trainer == "dpo" or config.algo.kl_coef > 0) else None
