@@ -413,16 +413,19 @@ def train(
         bool, typer.Option(help="Delete a previous run in the output folder and start fresh.")
     ] = False,
 ) -> None:
-    """Train a policy from a recipe: records the demonstrations if missing, checkpoints, resumes.
+    """Train a policy from a recipe: SFT (records the demonstrations if missing) or online RL
+    (joint_ppo, grpo, nft, dpo recipes) in simulation; checkpoints, resumes.
 
-    Writes config.resolved.json, metrics.jsonl, TensorBoard events, checkpoints/step_XXXXXX/ and
-    final/ (a policy folder for `cosmos-robot serve --ckpt` / `eval --ckpt`) into the recipe's
-    output.dir. Rerunning the same command after an interruption continues from the newest
-    checkpoint with the same loss curve; a recipe that differs in a training field is refused.
+    Writes config.resolved.json, metrics.jsonl, TensorBoard events, checkpoints/step_XXXXXX/,
+    learning_curve.png and final/ (a policy folder for `cosmos-robot serve --ckpt` / `eval --ckpt`)
+    into the recipe's output.dir. Rerunning the same command after an interruption continues from
+    the newest checkpoint with the same curve; a recipe that differs in a training field is refused.
 
     Example:
 
         cosmos-robot train sft_flow_tabletop --set train.steps=2000 --set output.dir=runs/sft_short
+
+        cosmos-robot train joint_ppo_flow_tabletop --set train.device=cuda --set env.num_envs=16
     """
     from cosmos_robot.config import ConfigError
 

@@ -280,3 +280,68 @@ def test_progress_shaping_telescopes_per_episode() -> None:
     assert torch.all(extra.abs() <= 2.0 + 1e-5)
     assert bool((extra != 0).any())  # the shaping is really there
     assert torch.equal(r.ep_return, r.ep_success)  # statistics stay on the env's sparse reward
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_matches_an_uninterrupted_run(tmp_path: Path) -> None:
+    """``kill -9`` of ``cosmos-robot train`` after its first checkpoint; the same command resumes it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    init = ROOT / "checkpoints" / "flow_tabletop"
+
+    def command(out: Path) -> list[str]:
+        sets = [f"init={init}", f"output.dir={out}", "train.iterations=4", "env.max_steps=40"]
+        return [
+            sys.executable,
+            "-m",
+            "cosmos_robot.cli",
+            "train",
+            "debug_joint_ppo",
+            *(a for s in sets for a in ("--set", s)),
+        ]
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    subprocess.run(command(tmp_path / "whole"), check=True, env=env, cwd=ROOT, capture_output=True, timeout=300)
+    proc = subprocess.Popen(
+        command(tmp_path / "killed"), env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "killed" / "checkpoints" / "step_000001").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    assert not (tmp_path / "killed" / "final").exists()
+    subprocess.run(command(tmp_path / "killed"), check=True, env=env, cwd=ROOT, capture_output=True, timeout=300)
+    a, b = read_metrics(tmp_path / "whole"), read_metrics(tmp_path / "killed")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    assert [deterministic(r) for r in a] == [deterministic(r) for r in b]
+
+
+def test_sampled_policy_swaps_only_the_sampler() -> None:
+    """Flow-SDE chunks scatter around the served ODE chunk (same transforms, same shapes)."""
+    import numpy as np
+
+    from cosmos_robot_trainers.rl.sampled_policy import SampledFlowPolicy
+
+    base = FlowPolicy.from_pretrained(CKPT)
+    rng = np.random.default_rng(0)
+    obs = {
+        "observation/image": rng.integers(0, 255, (64, 64, 3), dtype=np.uint8),
+        "observation/wrist_image": rng.integers(0, 255, (64, 64, 3), dtype=np.uint8),
+        "observation/state": np.zeros(8, dtype=np.float32),
+        "prompt": "open the drawer",
+    }
+    served = base.infer(obs)["actions"]
+    sde = SampledFlowPolicy(base, "flow_sde", seed=0)
+    chunks = np.stack([sde.infer(obs)["actions"] for _ in range(8)])
+    assert chunks.shape == (8, *served.shape) and chunks.dtype == np.float32
+    assert not np.allclose(chunks[0], chunks[1])  # stochastic
+    spread = np.abs(chunks - served).mean()
+    assert 0 < spread < 0.5 * np.abs(served).mean() + 0.05  # near the served chunk, not noise
+    assert sde.metadata["sample_mode"] == "flow_sde"
+    assert np.array_equal(base.infer(obs)["actions"], served)  # the base policy is untouched

@@ -190,6 +190,12 @@ class FlowPolicy(BatchPolicy):
             return torch.randn((1, *shape[1:]), generator=gen).expand(shape)
         return None  # "random": drawn from the global RNG by sample_actions
 
+    def denoise(self, context: torch.Tensor) -> torch.Tensor:
+        """Normalised action chunks ``(B, H, D)`` for encoded observations: the serving ODE.
+
+        Subclasses swap the sampler here (``cosmos_robot_trainers.rl.sampled_policy``)."""
+        return sample_actions(self.model, context, "ode", noise=self.serving_noise(context.shape[0])).actions
+
     def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if not obs_batch:
             return []
@@ -199,9 +205,7 @@ class FlowPolicy(BatchPolicy):
             items.append(run_transforms(self.input_transforms, dict(obs)))
         with torch.inference_mode():
             batch = collate_observations(items, self.config, self.device)
-            context = self.model.encode(batch)
-            result = sample_actions(self.model, context, "ode", noise=self.serving_noise(len(items)))
-            actions = result.actions.float().cpu().numpy()
+            actions = self.denoise(self.model.encode(batch)).float().cpu().numpy()
         out = []
         for chunk in actions:
             unnorm = run_transforms(self.output_transforms, {"actions": chunk})["actions"]

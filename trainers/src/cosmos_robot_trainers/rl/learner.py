@@ -120,6 +120,11 @@ def update_policy_gradient(
     if len(keep_idx) == 0:
         return {"skipped_update": 1.0}
     episodes = torch.unique(rollout.episode[keep_idx])
+
+    def log_prob(m: FlowModel, context: torch.Tensor, mb: torch.Tensor) -> Any:
+        chain, sde = rollout.chain[mb].to(device), rollout.sde_step[mb].to(device)
+        return recompute_log_prob(m, context, chain, sample_mode, sde, noise_level, horizon, dims)
+
     for _ in range(o.epochs):
         if gspo:  # minibatches of whole episodes (the ratio is per sequence)
             per_ep = max(1, o.minibatch_size // max(1, int(rollout.step.max()) + 1))
@@ -132,16 +137,7 @@ def update_policy_gradient(
         for mb in batches:
             batch = _inputs(rollout, mb, device)
             context = model.encode(batch)
-            lp = recompute_log_prob(
-                model,
-                context,
-                rollout.chain[mb].to(device),
-                sample_mode,
-                sde_step=rollout.sde_step[mb].to(device),
-                noise_level=noise_level,
-                horizon=horizon,
-                dims=dims,
-            )
+            lp = log_prob(model, context, mb)
             old = rollout.log_prob[mb].to(device)
             a = adv.advantages[mb].to(device)
             metrics: dict[str, Any] = {}
@@ -165,16 +161,7 @@ def update_policy_gradient(
                     metrics["entropy"] = ent
                 if ref_model is not None and algo.kl_coef > 0:
                     with torch.no_grad():
-                        ref_lp = recompute_log_prob(
-                            ref_model,
-                            ref_model.encode(batch),
-                            rollout.chain[mb].to(device),
-                            sample_mode,
-                            sde_step=rollout.sde_step[mb].to(device),
-                            noise_level=noise_level,
-                            horizon=horizon,
-                            dims=dims,
-                        )
+                        ref_lp = log_prob(ref_model, ref_model.encode(batch), mb)
                     kl = get_algorithm("loss", "kl")(lp.log_prob, ref_lp.log_prob, "k3")
                     loss = loss + algo.kl_coef * kl
                     metrics["kl_ref"] = kl

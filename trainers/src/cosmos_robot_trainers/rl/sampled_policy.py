@@ -7,16 +7,12 @@ This wrapper swaps only the denoising call, so any difference in success is the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from cosmos_robot.policies.flow import FlowPolicy
-from cosmos_robot.policies.flow.policy import collate_observations
 from cosmos_robot.policies.flow.sampling import SampleMode, sample_actions
-from cosmos_robot.transforms import run_transforms
 
 __all__ = ["SampledFlowPolicy"]
 
@@ -42,26 +38,12 @@ class SampledFlowPolicy(FlowPolicy):
     def metadata(self) -> dict[str, Any]:
         return {**super().metadata, "sample_mode": self.mode}
 
-    def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        if not obs_batch:
-            return []
-        items = []
-        for i, obs in enumerate(obs_batch):
-            self._check_keys(obs, i)
-            items.append(run_transforms(self.input_transforms, dict(obs)))
-        with torch.inference_mode():
-            batch = collate_observations(items, self.config, self.device)
-            context = self.model.encode(batch)
-            result = sample_actions(
-                self.model,
-                context,
-                self.mode,
-                num_steps=self.num_steps,
-                generator=self.generator,
-                noise_level=self.noise_level,
-            )
-            actions = result.actions.float().cpu().numpy()
-        return [
-            {"actions": np.asarray(run_transforms(self.output_transforms, {"actions": a})["actions"], dtype=np.float32)}
-            for a in actions
-        ]
+    def denoise(self, context: torch.Tensor) -> torch.Tensor:
+        return sample_actions(
+            self.model,
+            context,
+            self.mode,
+            num_steps=self.num_steps,
+            generator=self.generator,
+            noise_level=self.noise_level,
+        ).actions
