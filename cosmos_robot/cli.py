@@ -428,6 +428,7 @@ def train(
         cosmos-robot train joint_ppo_flow_tabletop --set train.device=cuda --set env.num_envs=16
     """
     from cosmos_robot.config import ConfigError
+    from cosmos_robot.policies.registry import CheckpointError
 
     try:
         from cosmos_robot_trainers.launch import launch
@@ -439,7 +440,7 @@ def train(
         result = launch(
             recipe, list(set_ or []), resume=resume, overwrite=overwrite, log=lambda m: typer.echo(m, err=True)
         )
-    except (ConfigError, RunDirError, FileNotFoundError, FileExistsError) as exc:
+    except (ConfigError, RunDirError, CheckpointError, FileNotFoundError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
     except KeyboardInterrupt:

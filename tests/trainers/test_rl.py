@@ -345,3 +345,17 @@ def test_sampled_policy_swaps_only_the_sampler() -> None:
     assert 0 < spread < 0.5 * np.abs(served).mean() + 0.05  # near the served chunk, not noise
     assert sde.metadata["sample_mode"] == "flow_sde"
     assert np.array_equal(base.infer(obs)["actions"], served)  # the base policy is untouched
+
+
+def test_bad_init_is_a_clear_error_and_makes_no_run_folder(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cosmos_robot.cli import app
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app, ["train", "debug_joint_ppo", "--set", f"init={tmp_path / 'nope'}", "--set", f"output.dir={out}"]
+    )
+    assert result.exit_code == 2
+    assert "not a checkpoint folder" in result.output and str(tmp_path / "nope") in result.output
+    assert not out.exists()

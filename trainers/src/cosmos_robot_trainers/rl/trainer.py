@@ -145,11 +145,11 @@ def run_rl(
     """Train (or continue) the recipe; ``stop_at_iteration`` stops like a kill would (tests)."""
     tcfg = config.train
     out = Path(config.output.dir)
+    device = torch.device(tcfg.device)
+    policy = FlowPolicy.from_pretrained(config.init, device=device)  # a bad init fails before any folder is made
     ckpt_path = prepare_run_dir(config, out, RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
     configure_torch(tcfg.num_threads, tcfg.deterministic)
     seed_everything(tcfg.seed)
-    device = torch.device(tcfg.device)
-    policy = FlowPolicy.from_pretrained(config.init, device=device)
     model = policy.model
     steps = config.rollout.num_flow_steps
     if steps is not None and steps != model.config.num_flow_steps:
