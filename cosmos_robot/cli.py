@@ -432,6 +432,7 @@ def train(
 
     try:
         from cosmos_robot_trainers.launch import launch
+        from cosmos_robot_trainers.rl.trainer import RatioGateError
         from cosmos_robot_trainers.sft.rundir import RunDirError
     except ImportError as exc:
         typer.secho(f"error: training needs cosmos-robot-trainers (pip install -e trainers): {exc}", fg="red", err=True)
@@ -443,6 +444,11 @@ def train(
     except (ConfigError, RunDirError, CheckpointError, FileNotFoundError, FileExistsError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
+    except (RatioGateError, FloatingPointError) as exc:  # the RL ratio gate, a diverged loss
+        typer.secho(
+            f"error: {exc}\nthe newest checkpoint is kept; fix the cause and rerun to resume", fg="red", err=True
+        )
+        raise typer.Exit(1) from exc
     except KeyboardInterrupt:
         typer.secho("interrupted; rerun the same command to resume from the newest checkpoint", err=True)
         raise typer.Exit(130) from None

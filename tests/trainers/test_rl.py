@@ -399,3 +399,20 @@ def test_policy_gradient_moves_actions_toward_positive_advantages(
     )
     assert stats["ratio_dev_first_mb"] < 1e-3
     assert float((ode_dim0() - before).mean()) > 0.02  # measured 0.19
+
+
+def test_cli_reports_a_failed_ratio_gate_without_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import cosmos_robot_trainers.launch as launch_module
+    from cosmos_robot.cli import app
+    from cosmos_robot_trainers.rl import RatioGateError
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RatioGateError("iteration 3: importance ratio on the first minibatch deviates from 1 by 2.0e-02")
+
+    monkeypatch.setattr(launch_module, "launch", fail)
+    result = CliRunner().invoke(app, ["train", "debug_joint_ppo"])
+    assert result.exit_code == 1
+    assert "deviates from 1" in result.output and "rerun to resume" in result.output
+    assert "Traceback" not in result.output

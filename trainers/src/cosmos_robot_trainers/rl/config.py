@@ -125,7 +125,7 @@ class TrainConfig(StrictModel):
 class EvalConfig(StrictModel):
     """Periodic deterministic (ODE) evaluation on held-out layouts; its success is the learning curve."""
 
-    every: int = Field(default=10, ge=0)  # iterations between evaluations (0: never; iteration 0 and last always)
+    every: int = Field(default=10, ge=0)  # iterations between evaluations (0: none between eval.initial and eval.final)
     initial: bool = True  # evaluate the starting policy before training
     final: bool = True  # evaluate the final policy
     episodes_per_task: int = Field(default=10, ge=1)  # episodes per task and evaluation
@@ -184,7 +184,6 @@ RUNTIME_FIELDS = frozenset(
         "name",
         "env.vector_mode",
         "env.step_timeout",
-        "rollout.num_workers",
         "train.ckpt_every",
         "train.keep_checkpoints",
         "train.max_wall_minutes",

@@ -171,6 +171,11 @@ class _Recorder:
 
     def build(self, env_steps: int, wall: dict[str, float]) -> Rollout:
         r = self.rows
+        if not r:
+            raise RuntimeError(
+                f"no decision was recorded for {len(self.specs)} episodes: every env reset failed "
+                "(see the vector env's worker errors above)"
+            )
         index = {spec.index: i for i, spec in enumerate(self.specs)}
         ep_rows = [self.episodes[s.index] for s in self.specs]
         return Rollout(
