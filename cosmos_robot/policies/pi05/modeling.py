@@ -1,0 +1,511 @@
+"""A native PyTorch pi0.5 (PaliGemma + Gemma action expert) that loads LeRobot's ``pi05`` weights as they are.
+
+Why native rather than LeRobot's ``PI05Policy``: LeRobot 0.6.1 only builds the two real sizes
+(``gemma_2b`` + ``gemma_300m``, 4.1 B parameters, 17.6 GB RSS on a CPU), hard-codes the vision
+projector width, and runs eager attention with a ``DynamicCache`` copied at every flow step. This
+module is the same published architecture, written so that
+
+- every parameter has LeRobot's name (``PI05Pytorch`` state-dict keys), so a LeRobot
+  ``model.safetensors`` loads strictly, key for key (the unused ``lm_head`` tensors are skipped);
+- any size can be built from an explicit ``Pi05Architecture`` (tiny test models);
+- inference computes the prefix (2-3 cameras + prompt) once and keeps its per-layer keys and values
+  (``PrefixCache``); each of the K flow steps runs only the action expert over the chunk against
+  that cache, with fused ``scaled_dot_product_attention``;
+- the denoising step is a hook (``velocity``), so RL samplers (Flow-SDE) reuse it unchanged.
+
+Conventions (openpi / LeRobot): flow time runs from 1 (noise) to 0 (actions),
+``x_t = t * noise + (1 - t) * actions``, the model predicts ``v = noise - actions`` and the sampler is
+forward Euler with ``dt = -1/K``. Prefix tokens attend bidirectionally to the valid prefix; action
+tokens attend to the valid prefix and to the whole chunk; the time enters the expert through
+adaptive RMSNorm (scale, shift, gate) rather than as a token. ``benchmarks/parity_pi05.py`` checks the
+outputs against LeRobot's implementation on the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
+
+__all__ = [
+    "VARIANTS",
+    "GemmaSpec",
+    "Pi05Architecture",
+    "Pi05Model",
+    "PrefixCache",
+    "VisionSpec",
+    "make_attention_mask",
+]
+
+# openpi's additive mask value (LeRobot's OPENPI_ATTENTION_MASK_VALUE): large and finite, so fully
+# padded rows stay finite instead of turning into NaN.
+MASK_VALUE = -2.3819763e38
+
+
+@dataclass(frozen=True)
+class GemmaSpec:
+    """One Gemma stack: width, depth, MLP width and attention layout (openpi ``gemma.Config``)."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 10_000.0
+
+
+@dataclass(frozen=True)
+class VisionSpec:
+    """The SigLIP image encoder (so400m/14 at 224 px in the released checkpoints)."""
+
+    width: int = 1152
+    depth: int = 27
+    mlp_dim: int = 4304
+    num_heads: int = 16
+    patch_size: int = 14
+    image_size: int = 224
+    eps: float = 1e-6
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+# openpi / LeRobot variant names (num_heads is fixed at 8 by the published code).
+VARIANTS: dict[str, GemmaSpec] = {
+    "gemma_300m": GemmaSpec(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256),
+    "gemma_2b": GemmaSpec(width=2048, depth=18, mlp_dim=16_384, num_heads=8, num_kv_heads=1, head_dim=256),
+}
+
+
+@dataclass(frozen=True)
+class Pi05Architecture:
+    """Every size of a pi0.5 model; the released ones are ``gemma_2b`` + ``gemma_300m`` + SigLIP so400m."""
+
+    vlm: GemmaSpec = VARIANTS["gemma_2b"]
+    expert: GemmaSpec = VARIANTS["gemma_300m"]
+    vision: VisionSpec = field(default_factory=VisionSpec)
+    vocab_size: int = 257_152
+    max_action_dim: int = 32
+    chunk_size: int = 50
+    min_period: float = 4e-3
+    max_period: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.vlm.depth != self.expert.depth:
+            raise ValueError(f"the VLM ({self.vlm.depth}) and the action expert ({self.expert.depth}) need equal depth")
+        if (self.vlm.num_heads, self.vlm.head_dim) != (self.expert.num_heads, self.expert.head_dim):
+            raise ValueError("the VLM and the action expert share attention: num_heads and head_dim must match")
+        if self.vlm.num_kv_heads != self.expert.num_kv_heads:
+            raise ValueError("the VLM and the action expert share attention: num_kv_heads must match")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Pi05Architecture:
+        known = {"vlm", "expert", "vision", "vocab_size", "max_action_dim", "chunk_size", "min_period", "max_period"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown architecture fields {unknown} (known: {sorted(known)})")
+        kw: dict[str, Any] = {k: v for k, v in data.items() if k not in ("vlm", "expert", "vision")}
+        for name, spec_cls in (("vlm", GemmaSpec), ("expert", GemmaSpec), ("vision", VisionSpec)):
+            if name in data:
+                try:
+                    kw[name] = spec_cls(**data[name])
+                except TypeError as exc:
+                    raise ValueError(f"architecture.{name}: {exc}") from exc
+        return cls(**kw)
+
+
+# --------------------------------------------------------------------------------------------------
+# SigLIP vision tower (names as transformers' SiglipVisionModel inside PaliGemma)
+# --------------------------------------------------------------------------------------------------
+class _SiglipAttention(nn.Module):
+    def __init__(self, spec: VisionSpec) -> None:
+        super().__init__()
+        self.num_heads = spec.num_heads
+        self.q_proj = nn.Linear(spec.width, spec.width)
+        self.k_proj = nn.Linear(spec.width, spec.width)
+        self.v_proj = nn.Linear(spec.width, spec.width)
+        self.out_proj = nn.Linear(spec.width, spec.width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, n, d = x.shape
+        shape = (b, n, self.num_heads, d // self.num_heads)
+        q = self.q_proj(x).view(shape).transpose(1, 2)
+        k = self.k_proj(x).view(shape).transpose(1, 2)
+        v = self.v_proj(x).view(shape).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v)
+        return self.out_proj(out.transpose(1, 2).reshape(b, n, d))
+
+
+class _SiglipMLP(nn.Module):
+    def __init__(self, spec: VisionSpec) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(spec.width, spec.mlp_dim)
+        self.fc2 = nn.Linear(spec.mlp_dim, spec.width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class _SiglipLayer(nn.Module):
+    def __init__(self, spec: VisionSpec) -> None:
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(spec.width, eps=spec.eps)
+        self.self_attn = _SiglipAttention(spec)
+        self.layer_norm2 = nn.LayerNorm(spec.width, eps=spec.eps)
+        self.mlp = _SiglipMLP(spec)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.self_attn(self.layer_norm1(x))
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class _SiglipEmbeddings(nn.Module):
+    def __init__(self, spec: VisionSpec) -> None:
+        super().__init__()
+        self.patch_embedding = nn.Conv2d(3, spec.width, kernel_size=spec.patch_size, stride=spec.patch_size)
+        self.position_embedding = nn.Embedding(spec.num_patches, spec.width)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        x = self.patch_embedding(pixels.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
+        return x + self.position_embedding.weight[None]
+
+
+class _SiglipEncoder(nn.Module):
+    def __init__(self, spec: VisionSpec) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(_SiglipLayer(spec) for _ in range(spec.depth))
+
+
+class _SiglipVisionModel(nn.Module):
+    def __init__(self, spec: VisionSpec) -> None:
+        super().__init__()
+        self.embeddings = _SiglipEmbeddings(spec)
+        self.encoder = _SiglipEncoder(spec)
+        self.post_layernorm = nn.LayerNorm(spec.width, eps=spec.eps)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        x = self.embeddings(pixels)
+        for layer in self.encoder.layers:
+            x = layer(x)
+        return self.post_layernorm(x)
+
+
+class _VisionTower(nn.Module):
+    def __init__(self, spec: VisionSpec) -> None:
+        super().__init__()
+        self.vision_model = _SiglipVisionModel(spec)
+
+
+class _Projector(nn.Module):
+    def __init__(self, vision: VisionSpec, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(vision.width, width)
+
+
+# --------------------------------------------------------------------------------------------------
+# Gemma stacks (names as LeRobot's PiGemma modules)
+# --------------------------------------------------------------------------------------------------
+class _RMSNorm(nn.Module):
+    """Gemma RMSNorm, ``x / rms(x) * (1 + w)``, or adaptive (``dense(cond)`` -> scale, shift, gate)."""
+
+    def __init__(self, width: int, eps: float, cond_dim: int | None = None) -> None:
+        super().__init__()
+        self.eps = eps
+        if cond_dim is None:
+            self.weight = nn.Parameter(torch.zeros(width))
+            self.dense: nn.Linear | None = None
+        else:
+            self.dense = nn.Linear(cond_dim, 3 * width)
+            nn.init.zeros_(self.dense.weight)
+
+    def forward(self, x: Tensor, cond: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        var = x.float().square().mean(-1, keepdim=True)
+        normed = x * torch.rsqrt(var + self.eps)
+        if self.dense is None:
+            return (normed * (1.0 + self.weight.float())).type_as(x), None
+        if cond is None:
+            raise ValueError("adaptive RMSNorm needs the time condition")
+        mod = self.dense(cond.to(self.dense.weight.dtype))
+        if x.dim() == 3:
+            mod = mod.unsqueeze(1)
+        scale, shift, gate = mod.chunk(3, dim=-1)
+        return (normed * (1 + scale.float()) + shift.float()).to(x.dtype), gate.to(x.dtype)
+
+
+class _GemmaAttention(nn.Module):
+    def __init__(self, spec: GemmaSpec) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(spec.width, spec.num_heads * spec.head_dim, bias=False)
+        self.k_proj = nn.Linear(spec.width, spec.num_kv_heads * spec.head_dim, bias=False)
+        self.v_proj = nn.Linear(spec.width, spec.num_kv_heads * spec.head_dim, bias=False)
+        self.o_proj = nn.Linear(spec.num_heads * spec.head_dim, spec.width, bias=False)
+
+
+class _GemmaMLP(nn.Module):
+    def __init__(self, spec: GemmaSpec) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.width, spec.mlp_dim, bias=False)
+        self.up_proj = nn.Linear(spec.width, spec.mlp_dim, bias=False)
+        self.down_proj = nn.Linear(spec.mlp_dim, spec.width, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class _GemmaLayer(nn.Module):
+    def __init__(self, spec: GemmaSpec, adaptive: bool) -> None:
+        super().__init__()
+        cond = spec.width if adaptive else None
+        self.input_layernorm = _RMSNorm(spec.width, spec.rms_eps, cond)
+        self.self_attn = _GemmaAttention(spec)
+        self.post_attention_layernorm = _RMSNorm(spec.width, spec.rms_eps, cond)
+        self.mlp = _GemmaMLP(spec)
+
+
+class _GemmaModel(nn.Module):
+    def __init__(self, spec: GemmaSpec, adaptive: bool, vocab_size: int | None) -> None:
+        super().__init__()
+        if vocab_size is not None:
+            self.embed_tokens = nn.Embedding(vocab_size, spec.width)
+        self.layers = nn.ModuleList(_GemmaLayer(spec, adaptive) for _ in range(spec.depth))
+        self.norm = _RMSNorm(spec.width, spec.rms_eps, spec.width if adaptive else None)
+
+
+class _PaliGemmaInner(nn.Module):
+    def __init__(self, arch: Pi05Architecture) -> None:
+        super().__init__()
+        self.vision_tower = _VisionTower(arch.vision)
+        self.multi_modal_projector = _Projector(arch.vision, arch.vlm.width)
+        self.language_model = _GemmaModel(arch.vlm, adaptive=False, vocab_size=arch.vocab_size)
+
+
+class _PaliGemma(nn.Module):
+    def __init__(self, arch: Pi05Architecture) -> None:
+        super().__init__()
+        self.model = _PaliGemmaInner(arch)
+
+
+class _Expert(nn.Module):
+    def __init__(self, arch: Pi05Architecture) -> None:
+        super().__init__()
+        self.model = _GemmaModel(arch.expert, adaptive=True, vocab_size=None)
+
+
+class _PaliGemmaWithExpert(nn.Module):
+    def __init__(self, arch: Pi05Architecture) -> None:
+        super().__init__()
+        self.paligemma = _PaliGemma(arch)
+        self.gemma_expert = _Expert(arch)
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+def _rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """Rotary embedding of ``x`` (B, H, L, D) at integer ``positions`` (B, L); cos/sin in float32."""
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.int64).float() / d))
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos, sin = emb.cos().to(x.dtype)[:, None], emb.sin().to(x.dtype)[:, None]
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def make_attention_mask(pad_masks: Tensor, ar_masks: Tensor) -> Tensor:
+    """big_vision's prefix-LM rule: token i sees token j when j is valid, i is valid and
+    ``cumsum(ar)[j] <= cumsum(ar)[i]``. Returns bool (B, L, L)."""
+    cumsum = torch.cumsum(ar_masks.long(), dim=1)
+    att = cumsum[:, None, :] <= cumsum[:, :, None]
+    return att & (pad_masks[:, None, :] & pad_masks[:, :, None])
+
+
+def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    return torch.where(mask[:, None], 0.0, MASK_VALUE).to(dtype)
+
+
+def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
+    """openpi's sine-cosine embedding of the flow time, in float64 where the device allows."""
+    dtype = torch.float64 if t.device.type not in ("mps",) else torch.float32
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=dtype, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    arg = (1.0 / period * 2 * math.pi)[None, :] * t[:, None]
+    return torch.cat([torch.sin(arg), torch.cos(arg)], dim=1)
+
+
+@dataclass
+class PrefixCache:
+    """Per-layer keys/values of the prefix (after RoPE), its validity mask and its pooled output."""
+
+    keys: list[Tensor]
+    values: list[Tensor]
+    pad_mask: Tensor  # (B, Lp) bool
+    hidden: Tensor  # (B, Lp, W) final-norm output of the VLM (the value head pools it)
+
+    def expand(self, repeats: int) -> PrefixCache:
+        """Each batch row repeated ``repeats`` times (several samples per observation)."""
+        rep = (lambda t: t.repeat_interleave(repeats, dim=0)) if repeats > 1 else (lambda t: t)
+        return PrefixCache(
+            [rep(k) for k in self.keys], [rep(v) for v in self.values], rep(self.pad_mask), rep(self.hidden)
+        )
+
+
+class Pi05Model(nn.Module):
+    """pi0.5: SigLIP + Gemma VLM over the prefix, a Gemma action expert over the noisy chunk.
+
+    Parameter names equal LeRobot's ``PI05Pytorch`` (``paligemma_with_expert.*``, ``action_in_proj``,
+    ``action_out_proj``, ``time_mlp_in``, ``time_mlp_out``).
+    """
+
+    def __init__(self, arch: Pi05Architecture) -> None:
+        super().__init__()
+        self.arch = arch
+        self.paligemma_with_expert = _PaliGemmaWithExpert(arch)
+        w = arch.expert.width
+        self.action_in_proj = nn.Linear(arch.max_action_dim, w)
+        self.action_out_proj = nn.Linear(w, arch.max_action_dim)
+        self.time_mlp_in = nn.Linear(w, w)
+        self.time_mlp_out = nn.Linear(w, w)
+
+    # --- modules by role ---------------------------------------------------------------------------
+    @property
+    def _vlm(self) -> _GemmaModel:
+        return self.paligemma_with_expert.paligemma.model.language_model
+
+    @property
+    def _expert(self) -> _GemmaModel:
+        return self.paligemma_with_expert.gemma_expert.model
+
+    # --- prefix ----------------------------------------------------------------------------------
+    def embed_images(self, images: Tensor) -> Tensor:
+        """(B, 3, H, W) in [-1, 1] at the vision size -> (B, patches, VLM width)."""
+        inner = self.paligemma_with_expert.paligemma.model
+        feats = inner.vision_tower.vision_model(images)
+        return inner.multi_modal_projector.linear(feats)
+
+    def embed_prefix(
+        self, images: list[Tensor], image_masks: list[Tensor], tokens: Tensor, token_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Camera tokens then prompt tokens; returns embeddings (B, Lp, W) and validity (B, Lp)."""
+        embs, pads = [], []
+        for img, valid in zip(images, image_masks, strict=True):
+            e = self.embed_images(img)
+            embs.append(e)
+            pads.append(valid[:, None].expand(e.shape[0], e.shape[1]))
+        table = self._vlm.embed_tokens.weight
+        lang = F.embedding(tokens, table) * torch.tensor(self.arch.vlm.width**0.5, dtype=table.dtype)
+        embs.append(lang.to(embs[0].dtype) if embs else lang)
+        pads.append(token_mask.bool())
+        return torch.cat(embs, dim=1), torch.cat(pads, dim=1)
+
+    def _qkv(self, layer: _GemmaLayer, h: Tensor, spec: GemmaSpec, cond: Tensor | None):
+        x, gate = layer.input_layernorm(h, cond)
+        b, n, _ = x.shape
+        q = layer.self_attn.q_proj(x).view(b, n, spec.num_heads, spec.head_dim).transpose(1, 2)
+        k = layer.self_attn.k_proj(x).view(b, n, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+        v = layer.self_attn.v_proj(x).view(b, n, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+        return q, k, v, gate
+
+    def _finish(self, layer: _GemmaLayer, h: Tensor, attn: Tensor, gate: Tensor | None, cond: Tensor | None) -> Tensor:
+        out = layer.self_attn.o_proj(attn.to(layer.self_attn.o_proj.weight.dtype))
+        h = h + (out if gate is None else out * gate)
+        x, gate2 = layer.post_attention_layernorm(h, cond)
+        out = layer.mlp(x.to(layer.mlp.up_proj.weight.dtype))
+        return h + (out if gate2 is None else out * gate2)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        scale = self.arch.vlm.head_dim**-0.5
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale)
+        b, h, n, d = out.shape
+        return out.transpose(1, 2).reshape(b, n, h * d)
+
+    def encode_prefix(
+        self, images: list[Tensor], image_masks: list[Tensor], tokens: Tensor, token_mask: Tensor
+    ) -> PrefixCache:
+        """Run the VLM over the prefix once; keep every layer's keys/values for the flow steps."""
+        spec = self.arch.vlm
+        dtype = self._vlm.layers[0].self_attn.q_proj.weight.dtype
+        h, pad = self.embed_prefix(images, image_masks, tokens, token_mask)
+        h = h.to(dtype)
+        ar = torch.zeros_like(pad)
+        mask = _additive(make_attention_mask(pad, ar), dtype)
+        positions = torch.cumsum(pad.long(), dim=1) - 1
+        keys, values = [], []
+        for layer in self._vlm.layers:
+            q, k, v, gate = self._qkv(layer, h, spec, None)
+            q, k = _rope(q, positions, spec.rope_theta), _rope(k, positions, spec.rope_theta)
+            keys.append(k)
+            values.append(v)
+            h = self._finish(layer, h, self._attend(q, k, v, mask), gate, None)
+        hidden, _ = self._vlm.norm(h)
+        return PrefixCache(keys, values, pad, hidden)
+
+    # --- suffix ----------------------------------------------------------------------------------
+    def time_condition(self, t: Tensor) -> Tensor:
+        """The adaptive-norm condition for flow time ``t`` (B,)."""
+        emb = sinusoidal_time_embedding(t, self.arch.expert.width, self.arch.min_period, self.arch.max_period)
+        emb = emb.to(self.time_mlp_in.weight.dtype)
+        return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb))))
+
+    def velocity(self, cache: PrefixCache, x_t: Tensor, t: Tensor) -> Tensor:
+        """Predicted ``noise - actions`` (B, chunk, max_action_dim) at flow time ``t`` (B,)."""
+        spec = self.arch.expert
+        dtype = self._expert.layers[0].self_attn.q_proj.weight.dtype
+        cond = self.time_condition(t.float())
+        h = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(dtype)
+        b, n, _ = h.shape
+        prefix_len = cache.pad_mask.shape[1]
+        # action tokens see the valid prefix and the whole chunk
+        mask = torch.cat([cache.pad_mask[:, None, :].expand(b, n, prefix_len), cache.pad_mask.new_ones(b, n, n)], 2)
+        add_mask = _additive(mask, dtype)
+        positions = cache.pad_mask.long().sum(-1, keepdim=True) + torch.arange(n, device=h.device)[None]
+        for i, layer in enumerate(self._expert.layers):
+            q, k, v, gate = self._qkv(layer, h, spec, cond)
+            q, k = _rope(q, positions, spec.rope_theta), _rope(k, positions, spec.rope_theta)
+            keys = torch.cat([cache.keys[i], k], dim=2)
+            values = torch.cat([cache.values[i], v], dim=2)
+            h = self._finish(layer, h, self._attend(q, keys, values, add_mask), gate, cond)
+        out, _ = self._expert.norm(h, cond)
+        return self.action_out_proj(out[:, -self.arch.chunk_size :].float().to(self.action_out_proj.weight.dtype))
+
+    @torch.no_grad()
+    def sample_actions(self, cache: PrefixCache, noise: Tensor, num_steps: int) -> Tensor:
+        """Forward Euler from ``noise`` at t=1 to actions at t=0 in ``num_steps`` steps (openpi's sampler)."""
+        dt = -1.0 / num_steps
+        x = noise
+        for step in range(num_steps):
+            t = torch.full((x.shape[0],), 1.0 + step * dt, dtype=torch.float32, device=x.device)
+            x = x + dt * self.velocity(cache, x, t).float()
+        return x
+
+    # --- training --------------------------------------------------------------------------------
+    def flow_loss(
+        self,
+        images: list[Tensor],
+        image_masks: list[Tensor],
+        tokens: Tensor,
+        token_mask: Tensor,
+        actions: Tensor,
+        noise: Tensor,
+        t: Tensor,
+    ) -> Tensor:
+        """Per-element flow-matching loss ``(v - (noise - actions))^2`` (B, chunk, max_action_dim)."""
+        tt = t[:, None, None]
+        x_t = tt * noise + (1 - tt) * actions
+        cache = self.encode_prefix(images, image_masks, tokens, token_mask)
+        v = self.velocity(cache, x_t, t)
+        return F.mse_loss(v.float(), (noise - actions).float(), reduction="none")

@@ -1,0 +1,371 @@
+"""``Pi05Policy``: a LeRobot pi0.5 checkpoint folder behind the ``BatchPolicy`` interface.
+
+The request path, for a batch of observations from any of our transports:
+
+1. wire keys -> LeRobot keys at the edge: LeRobot's own names (``observation.images.<cam>``,
+   ``observation.state``, ``task``) or openpi's (``observation/<cam>``, ``observation/state``,
+   ``prompt``; for LIBERO's ``image``/``image2`` cameras also ``observation/image`` and
+   ``observation/wrist_image``). Images may be HxWx3 uint8 (openpi) or 3xHxW float in [0, 1] (LeRobot);
+2. LeRobot's own preprocessor pipeline from the folder (quantile normalisation, the discretised
+   state written into the prompt, tokenisation): the same code that trained the checkpoint;
+3. the native model (``modeling.Pi05Model``): cameras resized with padding to the vision size, the
+   prefix encoded once, K Euler flow steps of the action expert against the cached prefix;
+4. LeRobot's postprocessor (unnormalise), one ``{"actions": float32 (n_action_steps, action_dim)}``
+   per observation.
+
+Serving noise is seeded per observation (``serve_seed``), so identical observations give identical
+chunks whatever else shares the batch; ``noise=`` overrides it (parity checks, RL samplers).
+"""
+
+from __future__ import annotations
+
+import difflib
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from cosmos_robot.policies.pi05.checkpoint import (
+    CONFIG_FILE,
+    TOKENIZER_DIR,
+    WEIGHTS_FILE,
+    architecture_from_config,
+    check_folder,
+    find_tokenizer,
+    load_weights,
+    read_config,
+    save_weights,
+    write_architecture,
+)
+from cosmos_robot.policies.pi05.modeling import Pi05Architecture, Pi05Model, PrefixCache
+from cosmos_robot.policies.registry import CheckpointError
+from cosmos_robot_client.base_policy import BatchPolicy
+from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
+
+__all__ = ["Pi05Inputs", "Pi05Policy", "build_processors", "resize_with_pad"]
+
+STATE_KEY, TASK_KEY, ACTION_KEY = "observation.state", "task", "action"
+TOKENS_KEY, TOKEN_MASK_KEY = "observation.language.tokens", "observation.language.attention_mask"
+# openpi LIBERO clients name the cameras by role; LeRobot's LIBERO pi05 checkpoints call them image/image2
+_ROLE_ALIASES = {"image": ("observation/image",), "image2": ("observation/wrist_image",)}
+IGNORED_KEYS = frozenset({"observation/object_state", "session_id", "endpoint"})
+
+
+def resize_with_pad(images: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, 3, H, W) float in [0, 1] -> (B, 3, size, size): aspect kept, centred zero padding (openpi)."""
+    b, c, h, w = images.shape
+    if (h, w) == (size, size):
+        return images
+    ratio = max(w / size, h / size)
+    rh, rw = int(h / ratio), int(w / ratio)
+    out = F.interpolate(images, size=(rh, rw), mode="bilinear", align_corners=False).clamp(0.0, 1.0)
+    top, left = (size - rh) // 2, (size - rw) // 2
+    return F.pad(out, (left, size - rw - left, top, size - rh - top), value=0.0)
+
+
+class Pi05Inputs:
+    """A model-ready batch: camera tensors in [-1, 1] at the vision size, their masks, prompt tokens."""
+
+    def __init__(self, images: list[torch.Tensor], image_masks: list[torch.Tensor], tokens: torch.Tensor, mask: torch.Tensor):
+        self.images, self.image_masks, self.tokens, self.token_mask = images, image_masks, tokens, mask
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def build_processors(lerobot_config: Any, stats: Mapping[str, Mapping[str, Any]], tokenizer: Any) -> tuple[Any, Any]:
+    """LeRobot's pi05 processor pipelines (as ``make_pi05_pre_post_processors``) around a given tokenizer.
+
+    LeRobot's factory loads ``google/paligemma-3b-pt-224`` by name, which cannot work offline; the
+    steps and their order are LeRobot's, only the tokenizer object is passed in.
+    """
+    from lerobot.policies.pi05.processor_pi05 import Pi05PrepareStateTokenizerProcessorStep
+    from lerobot.processor import (
+        AbsoluteActionsProcessorStep,
+        RelativeActionsProcessorStep,
+        TokenizerProcessorStep,
+        make_default_policy_processor_steps,
+        make_policy_processor_pipelines,
+    )
+
+    cfg = lerobot_config
+    tensors = {k: {s: torch.as_tensor(np.asarray(v, dtype=np.float32)) for s, v in d.items()} for k, d in stats.items()}
+    relative = RelativeActionsProcessorStep(
+        enabled=cfg.use_relative_actions,
+        exclude_joints=getattr(cfg, "relative_exclude_joints", []),
+        action_names=getattr(cfg, "action_feature_names", None),
+    )
+    steps = make_default_policy_processor_steps(cfg, tensors)
+    inputs = [
+        steps.rename_observations,
+        steps.add_batch_dim,
+        relative,
+        steps.normalize,
+        Pi05PrepareStateTokenizerProcessorStep(max_state_dim=cfg.max_state_dim),
+        TokenizerProcessorStep(
+            tokenizer=tokenizer, max_length=cfg.tokenizer_max_length, padding_side="right", padding="max_length"
+        ),
+        steps.to_device,
+    ]
+    outputs = [
+        steps.unnormalize,
+        AbsoluteActionsProcessorStep(enabled=cfg.use_relative_actions, relative_step=relative),
+        steps.to_cpu,
+    ]
+    return make_policy_processor_pipelines(input_steps=inputs, output_steps=outputs)
+
+
+class Pi05Policy(BatchPolicy):
+    """Serve a pi0.5 checkpoint: ``infer_batch(list of obs) -> [{"actions": float32 (H, D)}]``."""
+
+    def __init__(
+        self,
+        model: Pi05Model,
+        lerobot_config: Any,
+        preprocessor: Any,
+        postprocessor: Any,
+        tokenizer: Any,
+        *,
+        serve_seed: int = 0,
+        num_steps: int | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.lerobot_config = lerobot_config
+        self.preprocessor, self.postprocessor, self.tokenizer = preprocessor, postprocessor, tokenizer
+        self.serve_seed = serve_seed
+        self.num_steps = int(num_steps or lerobot_config.num_inference_steps)
+        feats = lerobot_config.input_features
+        self.camera_keys = [k for k, f in feats.items() if _feature_type(f) == "VISUAL"]
+        self.state_dim = int(feats[STATE_KEY].shape[0]) if STATE_KEY in feats else 0
+        self.action_dim = int(lerobot_config.output_features[ACTION_KEY].shape[0])
+        self.aliases = self._aliases()
+        self._spec = self._build_spec()
+
+    # --- construction ----------------------------------------------------------------------------
+    @property
+    def arch(self) -> Pi05Architecture:
+        return self.model.arch
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @classmethod
+    def from_pretrained(
+        cls, ckpt_dir: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+    ) -> Pi05Policy:
+        """Load a LeRobot pi05 folder (see ``checkpoint``); ``dtype`` defaults to the config's ``dtype``."""
+        root = Path(ckpt_dir)
+        check_folder(root)
+        raw = read_config(root)
+        arch = architecture_from_config(root, raw)
+        lr_config = _lerobot_config(root)
+        tokenizer = find_tokenizer(root)
+        if len(tokenizer) > arch.vocab_size:
+            raise CheckpointError(
+                f"{root}: the tokenizer has {len(tokenizer)} tokens but the embedding only {arch.vocab_size}"
+            )
+        torch_dtype = _dtype(dtype if dtype is not None else raw.get("dtype", "float32"))
+        with torch.device("meta"):
+            model = Pi05Model(arch)
+        load_weights(model, root / WEIGHTS_FILE, torch_dtype)
+        model.to(device)
+        lr_config.device = str(torch.device(device))
+        from lerobot.policies.factory import make_pre_post_processors
+
+        try:
+            pre, post = make_pre_post_processors(
+                lr_config,
+                pretrained_path=str(root),
+                preprocessor_overrides={
+                    "tokenizer_processor": {"tokenizer": tokenizer},
+                    "device_processor": {"device": str(torch.device(device))},
+                },
+            )
+        except (OSError, ValueError, KeyError, FileNotFoundError) as exc:
+            raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
+        return cls(model, lr_config, pre, post, tokenizer)
+
+    @classmethod
+    def from_model(
+        cls, model: Pi05Model, lerobot_config: Any, stats: Mapping[str, Mapping[str, Any]], tokenizer: Any
+    ) -> Pi05Policy:
+        """A policy around an in-memory model (SFT/RL, tests), with LeRobot's pi05 processors."""
+        pre, post = build_processors(lerobot_config, stats, tokenizer)
+        return cls(model, lerobot_config, pre, post, tokenizer)
+
+    def save_pretrained(self, ckpt_dir: str | Path) -> Path:
+        """Write the folder LeRobot writes (config, weights, processors) plus ``tokenizer/`` and, for
+        non-released sizes, ``pi05_architecture.json``."""
+        root = Path(ckpt_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        self.lerobot_config._save_pretrained(root)
+        save_weights(self.model, root / WEIGHTS_FILE)
+        self.preprocessor.save_pretrained(root)
+        self.postprocessor.save_pretrained(root)
+        tok_dir = root / TOKENIZER_DIR
+        if tok_dir.exists():
+            shutil.rmtree(tok_dir)
+        self.tokenizer.save_pretrained(str(tok_dir))
+        write_architecture(root, self.arch)
+        return root
+
+    # --- BasePolicy ------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> dict[str, Any]:
+        cfg = self.lerobot_config
+        return {
+            "type": "pi05",
+            "action_horizon": int(cfg.n_action_steps),
+            "chunk_size": int(cfg.chunk_size),
+            "action_dim": self.action_dim,
+            "action_space": "delta" if not cfg.use_relative_actions else "relative",
+            "state_dim": self.state_dim,
+            "cameras": list(self.camera_keys),
+            "image_resolution": list(cfg.image_resolution),
+            "num_flow_steps": self.num_steps,
+            "expected_keys": {k: list(v) for k, v in self.aliases.items()},
+        }
+
+    @property
+    def input_spec(self) -> InputSpec:
+        return self._spec
+
+    def _aliases(self) -> dict[str, tuple[str, ...]]:
+        out: dict[str, tuple[str, ...]] = {}
+        for key in self.camera_keys:
+            short = key.removeprefix("observation.images.")
+            out[key] = tuple(dict.fromkeys((key, f"observation/{short}", *_ROLE_ALIASES.get(short, ()))))
+        if self.state_dim:
+            out[STATE_KEY] = (STATE_KEY, "observation/state")
+        out[TASK_KEY] = (TASK_KEY, "prompt")
+        return out
+
+    def _build_spec(self) -> InputSpec:
+        fields: dict[str, ArraySpec | TextSpec] = {}
+        for key, names in self.aliases.items():
+            for name in names:
+                if key == TASK_KEY:
+                    fields[name] = TextSpec(optional=True, description="task instruction")
+                elif key == STATE_KEY:
+                    fields[name] = ArraySpec((self.state_dim,), "number", optional=True, description="robot state")
+                else:
+                    fields[name] = ArraySpec(
+                        (None, None, None), "number", optional=True, description=f"{key}: HxWx3 uint8 or 3xHxW float"
+                    )
+        return InputSpec(fields, allow_extra=False, ignored_keys=IGNORED_KEYS)
+
+    def canonical(self, obs: Mapping[str, Any], index: int) -> dict[str, Any]:
+        """One observation under LeRobot's keys; every missing or doubled key is an error naming it."""
+        self._spec.validate(obs)
+        out: dict[str, Any] = {}
+        for key, names in self.aliases.items():
+            given = [n for n in names if n in obs]
+            if len(given) > 1:
+                raise ObservationError(given[1], f"observation {index}: {given[0]!r} and {given[1]!r} are the same input")
+            if not given:
+                close = difflib.get_close_matches(names[-1], [str(k) for k in obs], n=1)
+                hint = f" (got {close[0]!r}?)" if close else ""
+                raise ObservationError(names[0], f"observation {index}: missing; send one of {list(names)}{hint}")
+            out[key] = obs[given[0]]
+        return out
+
+    # --- the request path --------------------------------------------------------------------------
+    def prepare(self, obs_batch: Sequence[Mapping[str, Any]]) -> Pi05Inputs:
+        """Validate, rename, run LeRobot's preprocessor and build model inputs for a batch."""
+        items = [self.canonical(obs, i) for i, obs in enumerate(obs_batch)]
+        batch: dict[str, Any] = {TASK_KEY: [str(item[TASK_KEY]) for item in items]}
+        for key in self.camera_keys:
+            batch[key] = torch.stack([_image_tensor(item[key], key, i) for i, item in enumerate(items)])
+        if self.state_dim:
+            batch[STATE_KEY] = torch.from_numpy(np.stack([np.asarray(it[STATE_KEY], np.float32) for it in items]))
+        processed = self.preprocessor(batch)
+        size = self.arch.vision.image_size
+        dtype = self.model.action_in_proj.weight.dtype
+        images, masks = [], []
+        for key in self.camera_keys:
+            img = processed[key].to(self.device, torch.float32)
+            images.append((resize_with_pad(img, size) * 2.0 - 1.0).to(dtype))
+            masks.append(torch.ones(img.shape[0], dtype=torch.bool, device=self.device))
+        tokens = processed[TOKENS_KEY].to(self.device)
+        token_mask = processed[TOKEN_MASK_KEY].to(self.device).bool()
+        return Pi05Inputs(images, masks, tokens, token_mask)
+
+    def serving_noise(self, batch: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.serve_seed)
+        one = torch.randn((1, self.arch.chunk_size, self.arch.max_action_dim), generator=gen)
+        return one.expand(batch, -1, -1).to(self.device)
+
+    def encode(self, inputs: Pi05Inputs) -> PrefixCache:
+        return self.model.encode_prefix(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask)
+
+    def denoise(self, cache: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
+        """Model-space chunks (B, chunk, max_action_dim) from the cached prefix; RL samplers override this."""
+        return self.model.sample_actions(cache, noise, self.num_steps)
+
+    def unnormalize(self, actions: torch.Tensor) -> np.ndarray:
+        """(B, chunk, >= action_dim) model-space actions -> env units, first ``n_action_steps`` rows."""
+        acts = actions[:, : self.lerobot_config.n_action_steps, : self.action_dim].float().cpu()
+        out = self.postprocessor(acts)
+        return np.asarray(out.float().numpy(), dtype=np.float32)
+
+    def infer_batch(
+        self, obs_batch: Sequence[dict[str, Any]], noise: torch.Tensor | None = None
+    ) -> list[dict[str, Any]]:
+        if not obs_batch:
+            return []
+        with torch.inference_mode():
+            inputs = self.prepare(obs_batch)
+            cache = self.encode(inputs)
+            start = self.serving_noise(inputs.batch_size) if noise is None else noise.to(self.device)
+            actions = self.unnormalize(self.denoise(cache, start.float()))
+        return [{"actions": chunk} for chunk in actions]
+
+
+def _feature_type(feature: Any) -> str:
+    kind = getattr(feature, "type", None)
+    return str(getattr(kind, "value", kind))
+
+
+def _image_tensor(value: Any, key: str, index: int) -> torch.Tensor:
+    """HxWx3 uint8 / 3xHxW float in [0, 1] -> (3, H, W) float32 in [0, 1]."""
+    arr = np.asarray(value)
+    if arr.ndim != 3 or 3 not in (arr.shape[0], arr.shape[-1]):
+        raise ObservationError(key, f"observation {index}: expected HxWx3 or 3xHxW, got shape {arr.shape}")
+    if arr.dtype == np.uint8:
+        t = torch.from_numpy(arr.astype(np.float32) / 255.0)
+    elif np.issubdtype(arr.dtype, np.floating):
+        t = torch.from_numpy(arr.astype(np.float32))
+        if t.numel() and (float(t.min()) < -1e-3 or float(t.max()) > 1.0 + 1e-3):
+            raise ObservationError(key, f"observation {index}: float images must be in [0, 1], got [{t.min():.3g}, {t.max():.3g}]")
+    else:
+        raise ObservationError(key, f"observation {index}: expected uint8 or float, got {arr.dtype}")
+    if arr.shape[-1] == 3 and arr.shape[0] != 3:
+        t = t.permute(2, 0, 1)
+    return t.contiguous()
+
+
+def _dtype(value: str | torch.dtype) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if value not in table:
+        raise CheckpointError(f"dtype must be one of {sorted(table)}, got {value!r}")
+    return table[value]
+
+
+def _lerobot_config(root: Path) -> Any:
+    """``config.json`` parsed by LeRobot's own ``PreTrainedConfig`` (the same class that wrote it)."""
+    import lerobot.policies.pi05  # noqa: F401  registers the pi05 config choice
+    from lerobot.configs.policies import PreTrainedConfig
+
+    try:
+        return PreTrainedConfig.from_pretrained(str(root), local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - draccus raises many types; the message is what matters
+        raise CheckpointError(f"{root / CONFIG_FILE}: LeRobot cannot parse it as a pi05 config: {exc}") from exc
+
