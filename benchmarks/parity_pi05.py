@@ -205,16 +205,26 @@ def main(argv: list[str] | None = None) -> int:
         our_actions = np.stack([r["actions"] for r in ours.infer_batch(obs, noise=noise)])
 
         # one training loss at a fixed (noise, time)
-        actions = torch.from_numpy(np.random.default_rng(args.seed + 3).uniform(-1, 1, (args.batch, ref.config.chunk_size, 7)))
+        actions = torch.from_numpy(
+            np.random.default_rng(args.seed + 3).uniform(-1, 1, (args.batch, ref.config.chunk_size, 7))
+        )
         t = torch.full((args.batch,), 0.37)
         with torch.no_grad():
             images, img_masks = ref._preprocess_images(processed)
             tokens, masks = processed["observation.language.tokens"], processed["observation.language.attention_mask"]
             padded = ref.prepare_action({"action": actions.float().to(args.device)})
-            ref_loss = ref.model.forward(images, img_masks, tokens, masks, padded, noise.to(args.device), t.to(args.device))
+            ref_loss = ref.model.forward(
+                images, img_masks, tokens, masks, padded, noise.to(args.device), t.to(args.device)
+            )
             inputs = ours.prepare(obs)
             our_loss = ours.model.flow_loss(
-                inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, padded, noise.to(args.device), t.to(args.device)
+                inputs.images,
+                inputs.image_masks,
+                inputs.tokens,
+                inputs.token_mask,
+                padded,
+                noise.to(args.device),
+                t.to(args.device),
             )
         report = {
             "size": args.size,
@@ -229,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             "loss_scale": float(ref_loss.float().abs().max()),
             "atol": atol,
         }
-    report["ok"] = report["action_max_abs_diff"] <= atol and report["loss_max_abs_diff"] <= atol * max(1.0, report["loss_scale"])
+    report["ok"] = report["action_max_abs_diff"] <= atol and report["loss_max_abs_diff"] <= atol * max(
+        1.0, report["loss_scale"]
+    )
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1
 

@@ -61,6 +61,32 @@ def test_serve_ckpt_answers_real_openpi_client(flow_ckpt: Path) -> None:
         assert proc.wait(timeout=30) == 0
 
 
+@pytest.fixture(scope="module")
+def pi05_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.policies._pi05_helpers import tiny_pi05
+
+    return tiny_pi05(seed=1).save_pretrained(tmp_path_factory.mktemp("ckpt") / "pi05")
+
+
+def test_serve_pi05_ckpt_answers_real_openpi_client(pi05_ckpt: Path) -> None:
+    """A LeRobot pi05 folder behind `serve --ckpt`: openpi's LIBERO keys in, a (5, 7) chunk out."""
+    py = openpi_python()
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--ckpt", str(pi05_ckpt), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        ports = read_ready_line(proc)
+        out = subprocess.run([str(py), "-c", OPENPI_CLIENT, str(ports["ws"])], capture_output=True, text=True,
+                             timeout=120, check=True)  # fmt: skip
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got == {"shape": [5, 7], "dtype": "float32", "type": "pi05", "horizon": 5, "finite": True}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
 def test_serve_ckpt_bad_folder_is_a_clear_error(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["serve", "--ckpt", str(tmp_path)])

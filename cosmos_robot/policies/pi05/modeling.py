@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
@@ -280,6 +280,13 @@ class _GemmaModel(nn.Module):
         self.layers = nn.ModuleList(_GemmaLayer(spec, adaptive) for _ in range(spec.depth))
         self.norm = _RMSNorm(spec.width, spec.rms_eps, spec.width if adaptive else None)
 
+    def blocks(self) -> list[_GemmaLayer]:
+        return [cast(_GemmaLayer, layer) for layer in self.layers]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return self.blocks()[0].self_attn.q_proj.weight.dtype
+
 
 class _PaliGemmaInner(nn.Module):
     def __init__(self, arch: Pi05Architecture) -> None:
@@ -438,14 +445,14 @@ class Pi05Model(nn.Module):
     ) -> PrefixCache:
         """Run the VLM over the prefix once; keep every layer's keys/values for the flow steps."""
         spec = self.arch.vlm
-        dtype = self._vlm.layers[0].self_attn.q_proj.weight.dtype
+        dtype = self._vlm.compute_dtype
         h, pad = self.embed_prefix(images, image_masks, tokens, token_mask)
         h = h.to(dtype)
         ar = torch.zeros_like(pad)
         mask = _additive(make_attention_mask(pad, ar), dtype)
         positions = torch.cumsum(pad.long(), dim=1) - 1
         keys, values = [], []
-        for layer in self._vlm.layers:
+        for layer in self._vlm.blocks():
             q, k, v, gate = self._qkv(layer, h, spec, None)
             q, k = _rope(q, positions, spec.rope_theta), _rope(k, positions, spec.rope_theta)
             keys.append(k)
@@ -464,7 +471,7 @@ class Pi05Model(nn.Module):
     def velocity(self, cache: PrefixCache, x_t: Tensor, t: Tensor) -> Tensor:
         """Predicted ``noise - actions`` (B, chunk, max_action_dim) at flow time ``t`` (B,)."""
         spec = self.arch.expert
-        dtype = self._expert.layers[0].self_attn.q_proj.weight.dtype
+        dtype = self._expert.compute_dtype
         cond = self.time_condition(t.float())
         h = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(dtype)
         b, n, _ = h.shape
@@ -473,7 +480,7 @@ class Pi05Model(nn.Module):
         mask = torch.cat([cache.pad_mask[:, None, :].expand(b, n, prefix_len), cache.pad_mask.new_ones(b, n, n)], 2)
         add_mask = _additive(mask, dtype)
         positions = cache.pad_mask.long().sum(-1, keepdim=True) + torch.arange(n, device=h.device)[None]
-        for i, layer in enumerate(self._expert.layers):
+        for i, layer in enumerate(self._expert.blocks()):
             q, k, v, gate = self._qkv(layer, h, spec, cond)
             q, k = _rope(q, positions, spec.rope_theta), _rope(k, positions, spec.rope_theta)
             keys = torch.cat([cache.keys[i], k], dim=2)

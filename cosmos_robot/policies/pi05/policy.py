@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 
 from cosmos_robot.policies.pi05.checkpoint import (
     CONFIG_FILE,
@@ -70,7 +70,9 @@ def resize_with_pad(images: torch.Tensor, size: int) -> torch.Tensor:
 class Pi05Inputs:
     """A model-ready batch: camera tensors in [-1, 1] at the vision size, their masks, prompt tokens."""
 
-    def __init__(self, images: list[torch.Tensor], image_masks: list[torch.Tensor], tokens: torch.Tensor, mask: torch.Tensor):
+    def __init__(
+        self, images: list[torch.Tensor], image_masks: list[torch.Tensor], tokens: torch.Tensor, mask: torch.Tensor
+    ):
         self.images, self.image_masks, self.tokens, self.token_mask = images, image_masks, tokens, mask
 
     @property
@@ -224,7 +226,11 @@ class Pi05Policy(BatchPolicy):
             "action_horizon": int(cfg.n_action_steps),
             "chunk_size": int(cfg.chunk_size),
             "action_dim": self.action_dim,
-            "action_space": "delta" if not cfg.use_relative_actions else "relative",
+            "action_space": {
+                "dim": self.action_dim,
+                "names": list(cfg.action_feature_names or []),
+                "relative_to_state": bool(cfg.use_relative_actions),
+            },
             "state_dim": self.state_dim,
             "cameras": list(self.camera_keys),
             "image_resolution": list(cfg.image_resolution),
@@ -267,7 +273,9 @@ class Pi05Policy(BatchPolicy):
         for key, names in self.aliases.items():
             given = [n for n in names if n in obs]
             if len(given) > 1:
-                raise ObservationError(given[1], f"observation {index}: {given[0]!r} and {given[1]!r} are the same input")
+                raise ObservationError(
+                    given[1], f"observation {index}: {given[0]!r} and {given[1]!r} are the same input"
+                )
             if not given:
                 close = difflib.get_close_matches(names[-1], [str(k) for k in obs], n=1)
                 hint = f" (got {close[0]!r}?)" if close else ""
@@ -342,7 +350,9 @@ def _image_tensor(value: Any, key: str, index: int) -> torch.Tensor:
     elif np.issubdtype(arr.dtype, np.floating):
         t = torch.from_numpy(arr.astype(np.float32))
         if t.numel() and (float(t.min()) < -1e-3 or float(t.max()) > 1.0 + 1e-3):
-            raise ObservationError(key, f"observation {index}: float images must be in [0, 1], got [{t.min():.3g}, {t.max():.3g}]")
+            raise ObservationError(
+                key, f"observation {index}: float images must be in [0, 1], got [{t.min():.3g}, {t.max():.3g}]"
+            )
     else:
         raise ObservationError(key, f"observation {index}: expected uint8 or float, got {arr.dtype}")
     if arr.shape[-1] == 3 and arr.shape[0] != 3:
@@ -366,6 +376,5 @@ def _lerobot_config(root: Path) -> Any:
 
     try:
         return PreTrainedConfig.from_pretrained(str(root), local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - draccus raises many types; the message is what matters
+    except Exception as exc:
         raise CheckpointError(f"{root / CONFIG_FILE}: LeRobot cannot parse it as a pi05 config: {exc}") from exc
-

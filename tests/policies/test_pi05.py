@@ -1,0 +1,190 @@
+"""The pi05 family: LeRobot's folder format, the native model, the request path and its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from cosmos_robot.policies import CheckpointError, detect_family, load_policy
+from cosmos_robot.policies.pi05.policy import Pi05Policy
+from cosmos_robot_client.spec import ObservationError
+from tests.policies._pi05_helpers import libero_obs, tiny_pi05
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def policy() -> Pi05Policy:
+    return tiny_pi05(seed=0)
+
+
+@pytest.fixture(scope="module")
+def folder(policy: Pi05Policy, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return policy.save_pretrained(tmp_path_factory.mktemp("pi05") / "ckpt")
+
+
+def _copy(folder: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(folder, dst)
+    return dst
+
+
+def test_folder_is_lerobots_layout_and_detected(folder: Path) -> None:
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "policy_preprocessor.json", "policy_postprocessor.json"} <= names
+    assert any(n.endswith("_normalizer_processor.safetensors") for n in names)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["type"] == "pi05" and config["chunk_size"] == 10 and config["n_action_steps"] == 5
+    keys = load_file(str(folder / "model.safetensors")).keys()
+    assert "model.paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.q_proj.weight" in keys
+    assert "model.paligemma_with_expert.gemma_expert.lm_head.weight" in keys  # LeRobot's strict loader needs it
+    assert detect_family(folder) == "pi05"
+
+
+def test_roundtrip_gives_identical_actions(policy: Pi05Policy, folder: Path) -> None:
+    loaded = load_policy(folder)
+    assert isinstance(loaded, Pi05Policy)
+    obs = [libero_obs(0), libero_obs(1)]
+    for a, b in zip(policy.infer_batch(obs), loaded.infer_batch(obs), strict=True):
+        assert a["actions"].shape == (5, 7) and a["actions"].dtype == np.float32
+        np.testing.assert_array_equal(a["actions"], b["actions"])
+
+
+def test_serving_is_deterministic_and_batch_independent(policy: Pi05Policy) -> None:
+    alone = policy.infer(libero_obs(3))["actions"]
+    batched = policy.infer_batch([libero_obs(4), libero_obs(3)])
+    np.testing.assert_allclose(batched[1]["actions"], alone, atol=1e-5)
+    assert np.abs(batched[0]["actions"] - alone).max() > 1e-4  # a different observation moves the chunk
+
+
+def test_lerobot_keys_and_float_images_match_openpi_keys(policy: Pi05Policy) -> None:
+    obs = libero_obs(5)
+    lerobot = {
+        "observation.images.image": obs["observation/image"].astype(np.float32).transpose(2, 0, 1) / 255.0,
+        "observation.images.image2": obs["observation/wrist_image"],
+        "observation.state": obs["observation/state"],
+        "task": obs["prompt"],
+    }
+    np.testing.assert_allclose(policy.infer(lerobot)["actions"], policy.infer(obs)["actions"], atol=1e-5)
+
+
+def test_prompt_and_state_condition_the_chunk(policy: Pi05Policy) -> None:
+    base = policy.infer(libero_obs(6))["actions"]
+    other_prompt = policy.infer(libero_obs(6, prompt="open the top drawer"))["actions"]
+    moved = libero_obs(6)
+    moved["observation/state"] = -moved["observation/state"]
+    assert np.abs(other_prompt - base).max() > 1e-4
+    assert np.abs(policy.infer(moved)["actions"] - base).max() > 1e-4
+
+
+def test_bad_observations_name_the_key(policy: Pi05Policy) -> None:
+    obs = libero_obs(0)
+    del obs["observation/wrist_image"]
+    with pytest.raises(ObservationError, match="observation.images.image2.*missing.*observation/wrist_image"):
+        policy.infer(obs)
+    obs = libero_obs(0)
+    obs["observation/state"] = np.zeros(5)
+    with pytest.raises(ObservationError, match=r"observation/state.*\(8,\)"):
+        policy.infer(obs)
+    obs = libero_obs(0)
+    obs["observation/image"] = np.zeros((64, 64), np.uint8)
+    with pytest.raises(ObservationError, match="observation/image"):
+        policy.infer(obs)
+    obs = libero_obs(0)
+    obs["task"] = "also a prompt"
+    with pytest.raises(ObservationError, match="'prompt' and 'task' are the same input|'task' and 'prompt'"):
+        policy.infer(obs)
+    obs = libero_obs(0)
+    obs["observation/image"] = np.full((3, 64, 64), 7.0, np.float32)
+    with pytest.raises(ObservationError, match=r"must be in \[0, 1\]"):
+        policy.infer(obs)
+
+
+def test_metadata_announces_chunk_action_space_and_keys(policy: Pi05Policy) -> None:
+    meta = policy.metadata
+    assert meta["type"] == "pi05" and meta["action_horizon"] == 5 and meta["chunk_size"] == 10
+    assert meta["action_space"]["dim"] == 7
+    assert "observation/wrist_image" in meta["expected_keys"]["observation.images.image2"]
+    assert meta["expected_keys"]["task"] == ["task", "prompt"]
+
+
+def test_missing_file_is_named(folder: Path, tmp_path: Path) -> None:
+    bad = _copy(folder, tmp_path / "bad")
+    (bad / "policy_postprocessor.json").unlink()
+    with pytest.raises(CheckpointError, match="missing policy_postprocessor.json"):
+        load_policy(bad)
+
+
+def test_wrong_tensor_shape_is_named(folder: Path, tmp_path: Path) -> None:
+    bad = _copy(folder, tmp_path / "bad")
+    tensors = load_file(str(bad / "model.safetensors"))
+    key = "model.action_in_proj.weight"
+    tensors[key] = torch.zeros(32, 9)
+    del tensors["model.time_mlp_out.bias"]
+    save_file(tensors, str(bad / "model.safetensors"))
+    with pytest.raises(CheckpointError) as err:
+        load_policy(bad)
+    assert "'model.action_in_proj.weight' has shape (32, 9)" in str(err.value)
+    assert "missing tensors: time_mlp_out.bias" in str(err.value)
+
+
+def test_unknown_size_without_architecture_file_is_named(folder: Path, tmp_path: Path) -> None:
+    bad = _copy(folder, tmp_path / "bad")
+    (bad / "pi05_architecture.json").unlink()
+    # the config names the released sizes; the weights are tiny: the shape check says so
+    with pytest.raises(CheckpointError, match="has shape .* the architecture needs"):
+        load_policy(bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["paligemma_variant"] = "gemma_7b"
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="paligemma_variant 'gemma_7b' is not a released size"):
+        load_policy(bad)
+
+
+def test_missing_tokenizer_is_named(folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    bad = _copy(folder, tmp_path / "bad")
+    shutil.rmtree(bad / "tokenizer")
+    with pytest.raises(CheckpointError, match="no tokenizer: put the tokenizer files in"):
+        load_policy(bad)
+
+
+def test_flow_loss_trains(policy: Pi05Policy) -> None:
+    model = policy.model
+    inputs = policy.prepare([libero_obs(0), libero_obs(1)])
+    gen = torch.Generator().manual_seed(0)
+    actions = torch.rand((2, model.arch.chunk_size, model.arch.max_action_dim), generator=gen) * 2 - 1
+    noise = torch.randn(actions.shape, generator=gen)
+    t = torch.tensor([0.3, 0.8])
+    model.train()
+    try:
+        loss = model.flow_loss(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, actions, noise, t)
+        loss.mean().backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        assert (
+            "paligemma_with_expert.paligemma.model.vision_tower.vision_model.embeddings.patch_embedding.weight" in grads
+        )
+        assert "paligemma_with_expert.gemma_expert.model.layers.1.input_layernorm.dense.weight" in grads
+    finally:
+        model.zero_grad(set_to_none=True)
+        model.eval()
+
+
+def test_parity_with_lerobot_pi05() -> None:
+    """LeRobot's PI05Policy and ours load one LeRobot-written folder and agree (benchmarks/parity_pi05.py)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "parity_pi05.py"), "--size", "tiny"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    report = json.loads(out.stdout[out.stdout.index("{") :])
+    assert report["ok"] and report["action_max_abs_diff"] < 1e-4 and report["action_scale"] > 0.1
