@@ -78,17 +78,13 @@ def lerobot_tiny_sizes() -> Iterator[None]:
         m.get_gemma_config, m.CONFIG_MAPPING, m.PaliGemmaWithExpertModel.__init__ = saved
 
 
-def build_reference(size: str, folder: Path, device: str, dtype: str, seed: int):
-    """LeRobot's PI05Policy with random weights, saved as a LeRobot folder; returns (policy, stats)."""
+def make_config(size: str, device: str, dtype: str):
+    """LeRobot's PI05Config for two 224 px cameras, an 8-D state and 7-D actions."""
     from lerobot.configs.types import FeatureType, PolicyFeature
-    from lerobot.policies.pi05 import PI05Config, PI05Policy
-
-    from cosmos_robot.policies.pi05.modeling import Pi05Architecture, VisionSpec
-    from cosmos_robot.policies.pi05.policy import build_processors
-    from cosmos_robot.policies.pi05.tokenizer import make_byte_tokenizer
+    from lerobot.policies.pi05 import PI05Config
 
     chunk = 10 if size == "tiny" else 50
-    cfg = PI05Config(
+    return PI05Config(
         device=device,
         dtype=dtype,
         chunk_size=chunk,
@@ -101,35 +97,50 @@ def build_reference(size: str, folder: Path, device: str, dtype: str, seed: int)
         },
         output_features={"action": PolicyFeature(FeatureType.ACTION, (7,))},
     )
+
+
+def make_reference(size: str, device: str, dtype: str, seed: int):
+    """LeRobot's PI05Policy with random weights, plus its config, stats and our byte tokenizer."""
+    from lerobot.policies.pi05 import PI05Policy
+
+    from cosmos_robot.policies.pi05.tokenizer import make_byte_tokenizer
+
+    cfg = make_config(size, device, dtype)
     torch.manual_seed(seed)
     ctx = lerobot_tiny_sizes() if size == "tiny" else contextlib.nullcontext()
     with ctx:
         policy = PI05Policy(cfg)
     # LeRobot zero-initialises the adaptive-norm projections and the RMSNorm scales; randomise every
     # parameter so that a wrong wiring cannot hide behind zeros.
-    gen = torch.Generator().manual_seed(seed + 1)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
     with torch.no_grad():
         for p in policy.parameters():
-            p.copy_((torch.randn(p.shape, generator=gen) * 0.05).to(p.dtype))
+            p.copy_((torch.randn(p.shape, generator=gen, device=device) * 0.05).to(p.dtype))
+    return policy, cfg, make_stats(seed), make_byte_tokenizer()
+
+
+def make_stats(seed: int) -> dict[str, dict[str, list[float]]]:
     rng = np.random.default_rng(seed)
-    stats = {
-        "observation.state": _quantile_stats(rng, 8),
-        "action": _quantile_stats(rng, 7),
-    }
-    tokenizer = make_byte_tokenizer()
+    return {"observation.state": _quantile_stats(rng, 8), "action": _quantile_stats(rng, 7)}
+
+
+def build_reference(size: str, folder: Path, device: str, dtype: str, seed: int):
+    """``make_reference`` saved as a LeRobot folder (plus ``tokenizer/`` and, tiny, the sizes file)."""
+    from cosmos_robot.policies.pi05.modeling import GemmaSpec, Pi05Architecture, VisionSpec
+    from cosmos_robot.policies.pi05.policy import build_processors
+
+    policy, cfg, stats, tokenizer = make_reference(size, device, dtype, seed)
     pre, post = build_processors(cfg, stats, tokenizer)
     policy.save_pretrained(folder)
     pre.save_pretrained(folder)
     post.save_pretrained(folder)
     tokenizer.save_pretrained(str(folder / "tokenizer"))
     if size == "tiny":
-        from cosmos_robot.policies.pi05.modeling import GemmaSpec
-
         arch = Pi05Architecture(
             vlm=GemmaSpec(**TINY),
             expert=GemmaSpec(**TINY),
             vision=VisionSpec(**TINY_VISION),
-            chunk_size=chunk,
+            chunk_size=cfg.chunk_size,
             max_action_dim=cfg.max_action_dim,
         )
         (folder / "pi05_architecture.json").write_text(json.dumps(arch.to_dict(), indent=2))

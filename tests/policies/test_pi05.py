@@ -188,3 +188,34 @@ def test_parity_with_lerobot_pi05() -> None:
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     report = json.loads(out.stdout[out.stdout.index("{") :])
     assert report["ok"] and report["action_max_abs_diff"] < 1e-4 and report["action_scale"] > 0.1
+
+
+def test_graph_buckets_are_powers_of_two() -> None:
+    from cosmos_robot.policies.pi05.modeling import _pad_rows, bucket_size
+
+    assert [bucket_size(n) for n in (1, 2, 3, 4, 5, 8, 9, 33)] == [1, 2, 4, 4, 8, 8, 16, 64]
+    with pytest.raises(ValueError, match="at least 1"):
+        bucket_size(0)
+    t = torch.arange(6.0).reshape(3, 2)
+    padded = _pad_rows(t, 4)
+    assert padded.shape == (4, 2) and torch.equal(padded[3], t[2]) and torch.equal(padded[:3], t)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_matches_eager_for_any_batch_size() -> None:
+    policy = tiny_pi05(seed=2)
+    policy.model.cuda()
+    graphed = Pi05Policy(
+        policy.model, policy.lerobot_config, policy.preprocessor, policy.postprocessor, policy.tokenizer,
+        cuda_graphs=True,
+    )  # fmt: skip
+    eager = Pi05Policy(
+        policy.model, policy.lerobot_config, policy.preprocessor, policy.postprocessor, policy.tokenizer,
+        cuda_graphs=False,
+    )  # fmt: skip
+    for n in (1, 3, 5):
+        obs = [libero_obs(i) for i in range(n)]
+        for a, b in zip(graphed.infer_batch(obs), eager.infer_batch(obs), strict=True):
+            np.testing.assert_allclose(a["actions"], b["actions"], atol=1e-4)
+    assert sorted(k[0][0][0] for k in graphed.graphed.graphs) == [1, 4, 8]  # type: ignore[union-attr]

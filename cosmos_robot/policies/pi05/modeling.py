@@ -38,6 +38,8 @@ __all__ = [
     "Pi05Model",
     "PrefixCache",
     "VisionSpec",
+    "GraphedGenerate",
+    "bucket_size",
     "make_attention_mask",
 ]
 
@@ -318,15 +320,18 @@ class _PaliGemmaWithExpert(nn.Module):
 # --------------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------------
-def _rope(x: Tensor, positions: Tensor, theta: float) -> Tensor:
-    """Rotary embedding of ``x`` (B, H, L, D) at integer ``positions`` (B, L); cos/sin in float32."""
-    d = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.int64).float() / d))
+def rope_tables(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """RoPE cos/sin (B, 1, L, head_dim) for integer ``positions`` (B, L), computed in float32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
-    cos, sin = emb.cos().to(x.dtype)[:, None], emb.sin().to(x.dtype)[:, None]
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def _apply_rope(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
+    cos, sin = rope
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def make_attention_mask(pad_masks: Tensor, ar_masks: Tensor) -> Tensor:
@@ -337,8 +342,13 @@ def make_attention_mask(pad_masks: Tensor, ar_masks: Tensor) -> Tensor:
     return att & (pad_masks[:, None, :] & pad_masks[:, :, None])
 
 
-def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    return torch.where(mask[:, None], 0.0, MASK_VALUE).to(dtype)
+def _additive(mask: Tensor, dtype: torch.dtype, group: int = 1) -> Tensor:
+    """(B, Lq, Lk) bool -> additive (B, 1, group * Lq, Lk): the query rows repeated for grouped heads."""
+    add = torch.where(mask[:, None], 0.0, MASK_VALUE).to(dtype)
+    if group > 1:
+        b, _, lq, lk = add.shape
+        add = add[:, :, None].expand(b, 1, group, lq, lk).reshape(b, 1, group * lq, lk)
+    return add
 
 
 def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float, max_period: float) -> Tensor:
@@ -358,12 +368,24 @@ class PrefixCache:
     values: list[Tensor]
     pad_mask: Tensor  # (B, Lp) bool
     hidden: Tensor  # (B, Lp, W) final-norm output of the VLM (the value head pools it)
+    suffix_mask: Tensor  # (B, 1, group * chunk, Lp + chunk) additive: what the action tokens see
+    suffix_rope: tuple[Tensor, Tensor]  # RoPE tables of the action tokens (the same at every flow step)
 
     def expand(self, repeats: int) -> PrefixCache:
         """Each batch row repeated ``repeats`` times (several samples per observation)."""
-        rep = (lambda t: t.repeat_interleave(repeats, dim=0)) if repeats > 1 else (lambda t: t)
+        if repeats == 1:
+            return self
+
+        def rep(t: Tensor) -> Tensor:
+            return t.repeat_interleave(repeats, dim=0)
+
         return PrefixCache(
-            [rep(k) for k in self.keys], [rep(v) for v in self.values], rep(self.pad_mask), rep(self.hidden)
+            [rep(k) for k in self.keys],
+            [rep(v) for v in self.values],
+            rep(self.pad_mask),
+            rep(self.hidden),
+            rep(self.suffix_mask),
+            (rep(self.suffix_rope[0]), rep(self.suffix_rope[1])),
         )
 
 
@@ -383,6 +405,11 @@ class Pi05Model(nn.Module):
         self.action_out_proj = nn.Linear(w, arch.max_action_dim)
         self.time_mlp_in = nn.Linear(w, w)
         self.time_mlp_out = nn.Linear(w, w)
+        # Gemma scales token embeddings by sqrt(width), rounded to the table's dtype (as transformers does)
+        self._embed_scale = {
+            d: float(torch.tensor(arch.vlm.width**0.5, dtype=d, device="cpu"))
+            for d in (torch.float32, torch.bfloat16, torch.float16)
+        }
 
     # --- modules by role ---------------------------------------------------------------------------
     @property
@@ -405,12 +432,13 @@ class Pi05Model(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Camera tokens then prompt tokens; returns embeddings (B, Lp, W) and validity (B, Lp)."""
         embs, pads = [], []
-        for img, valid in zip(images, image_masks, strict=True):
-            e = self.embed_images(img)
-            embs.append(e)
-            pads.append(valid[:, None].expand(e.shape[0], e.shape[1]))
+        if images:  # all cameras through SigLIP in one batch
+            per_cam = self.embed_images(torch.cat(images, dim=0)).chunk(len(images), dim=0)
+            for e, valid in zip(per_cam, image_masks, strict=True):
+                embs.append(e)
+                pads.append(valid[:, None].expand(e.shape[0], e.shape[1]))
         table = self._vlm.embed_tokens.weight
-        lang = F.embedding(tokens, table) * torch.tensor(self.arch.vlm.width**0.5, dtype=table.dtype)
+        lang = F.embedding(tokens, table) * self._embed_scale[table.dtype]
         embs.append(lang.to(embs[0].dtype) if embs else lang)
         pads.append(token_mask.bool())
         return torch.cat(embs, dim=1), torch.cat(pads, dim=1)
@@ -431,14 +459,14 @@ class Pi05Model(nn.Module):
         return h + (out if gate2 is None else out * gate2)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
+        """Grouped-query attention without copying K/V: the heads sharing a K/V head are stacked
+        along the query axis (``mask`` already repeats its rows, see ``_additive``)."""
+        b, h, n, d = q.shape
+        kv = k.shape[1]
+        q = q.reshape(b, kv, (h // kv) * n, d)
         scale = self.arch.vlm.head_dim**-0.5
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype), scale=scale)
-        b, h, n, d = out.shape
-        return out.transpose(1, 2).reshape(b, n, h * d)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        return out.reshape(b, h, n, d).transpose(1, 2).reshape(b, n, h * d)
 
     def encode_prefix(
         self, images: list[Tensor], image_masks: list[Tensor], tokens: Tensor, token_mask: Tensor
@@ -448,18 +476,24 @@ class Pi05Model(nn.Module):
         dtype = self._vlm.compute_dtype
         h, pad = self.embed_prefix(images, image_masks, tokens, token_mask)
         h = h.to(dtype)
-        ar = torch.zeros_like(pad)
-        mask = _additive(make_attention_mask(pad, ar), dtype)
-        positions = torch.cumsum(pad.long(), dim=1) - 1
+        group = spec.num_heads // spec.num_kv_heads
+        mask = _additive(make_attention_mask(pad, torch.zeros_like(pad)), dtype, group)
+        rope = rope_tables(torch.cumsum(pad.long(), dim=1) - 1, spec.head_dim, spec.rope_theta, dtype)
         keys, values = [], []
         for layer in self._vlm.blocks():
             q, k, v, gate = self._qkv(layer, h, spec, None)
-            q, k = _rope(q, positions, spec.rope_theta), _rope(k, positions, spec.rope_theta)
+            q, k = _apply_rope(q, rope), _apply_rope(k, rope)
             keys.append(k)
             values.append(v)
             h = self._finish(layer, h, self._attend(q, k, v, mask), gate, None)
         hidden, _ = self._vlm.norm(h)
-        return PrefixCache(keys, values, pad, hidden)
+        # the action tokens see the valid prefix and the whole chunk, at positions after the prefix
+        b, n, lp = pad.shape[0], self.arch.chunk_size, pad.shape[1]
+        seen = torch.cat([pad[:, None, :].expand(b, n, lp), pad.new_ones(b, n, n)], dim=2)
+        positions = pad.long().sum(-1, keepdim=True) + torch.arange(n, device=pad.device)[None]
+        ex = self.arch.expert
+        suffix_rope = rope_tables(positions, ex.head_dim, ex.rope_theta, self._expert.compute_dtype)
+        return PrefixCache(keys, values, pad, hidden, _additive(seen, self._expert.compute_dtype, group), suffix_rope)
 
     # --- suffix ----------------------------------------------------------------------------------
     def time_condition(self, t: Tensor) -> Tensor:
@@ -474,18 +508,12 @@ class Pi05Model(nn.Module):
         dtype = self._expert.compute_dtype
         cond = self.time_condition(t.float())
         h = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype)).to(dtype)
-        b, n, _ = h.shape
-        prefix_len = cache.pad_mask.shape[1]
-        # action tokens see the valid prefix and the whole chunk
-        mask = torch.cat([cache.pad_mask[:, None, :].expand(b, n, prefix_len), cache.pad_mask.new_ones(b, n, n)], 2)
-        add_mask = _additive(mask, dtype)
-        positions = cache.pad_mask.long().sum(-1, keepdim=True) + torch.arange(n, device=h.device)[None]
         for i, layer in enumerate(self._expert.blocks()):
             q, k, v, gate = self._qkv(layer, h, spec, cond)
-            q, k = _rope(q, positions, spec.rope_theta), _rope(k, positions, spec.rope_theta)
+            q, k = _apply_rope(q, cache.suffix_rope), _apply_rope(k, cache.suffix_rope)
             keys = torch.cat([cache.keys[i], k], dim=2)
             values = torch.cat([cache.values[i], v], dim=2)
-            h = self._finish(layer, h, self._attend(q, keys, values, add_mask), gate, cond)
+            h = self._finish(layer, h, self._attend(q, keys, values, cache.suffix_mask), gate, cond)
         out, _ = self._expert.norm(h, cond)
         return self.action_out_proj(out[:, -self.arch.chunk_size :].float().to(self.action_out_proj.weight.dtype))
 
@@ -498,6 +526,23 @@ class Pi05Model(nn.Module):
             t = torch.full((x.shape[0],), 1.0 + step * dt, dtype=torch.float32, device=x.device)
             x = x + dt * self.velocity(cache, x, t).float()
         return x
+
+    def generate(
+        self,
+        images: list[Tensor],
+        image_masks: list[Tensor],
+        tokens: Tensor,
+        token_mask: Tensor,
+        noise: Tensor,
+        num_steps: int,
+    ) -> Tensor:
+        """Prefix encoding plus the K flow steps: one call, no host synchronisation (CUDA-graph safe)."""
+        return self.sample_actions(self.encode_prefix(images, image_masks, tokens, token_mask), noise, num_steps)
+
+    def compile_steps(self) -> None:
+        """``torch.compile`` the prefix encoder and the flow step (static shapes; compiled on first call)."""
+        self.encode_prefix = torch.compile(self.encode_prefix, dynamic=False)  # type: ignore[method-assign]
+        self.velocity = torch.compile(self.velocity, dynamic=False)  # type: ignore[method-assign]
 
     # --- training --------------------------------------------------------------------------------
     def flow_loss(
@@ -516,3 +561,78 @@ class Pi05Model(nn.Module):
         cache = self.encode_prefix(images, image_masks, tokens, token_mask)
         v = self.velocity(cache, x_t, t)
         return F.mse_loss(v.float(), (noise - actions).float(), reduction="none")
+
+
+def bucket_size(n: int) -> int:
+    """The captured batch size that serves ``n`` observations: the next power of two.
+
+    A server's batches vary in size from call to call; without buckets every new size would cost a
+    capture (and, compiled, a recompilation of seconds to minutes) in the middle of serving."""
+    if n < 1:
+        raise ValueError(f"batch size must be at least 1, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
+def _pad_rows(t: Tensor, size: int) -> Tensor:
+    """``t`` with its last row repeated up to ``size`` rows (padding rows are computed, then dropped)."""
+    if t.shape[0] == size:
+        return t
+    return torch.cat([t, t[-1:].expand(size - t.shape[0], *t.shape[1:])], dim=0)
+
+
+class GraphedGenerate:
+    """``Pi05Model.generate`` captured as one CUDA graph per input shape (batch size, cameras, tokens).
+
+    Why: at batch 1 the released model is launch-bound. The prefix is ~45 transformer layers and
+    every flow step 18 more, so K = 10 steps issue thousands of small kernels; replaying a captured
+    graph issues them from the GPU in one call. Inputs are copied into static buffers, the output
+    is cloned out of the graph's pool. Graphs share one memory pool. Batches are padded to the next
+    power of two (``bucket_size``), so a server sees at most log2(max batch) captures. The first
+    call for a new bucket warms up on a side stream and captures (about 2 s at full size; with
+    ``compile`` the first bucket also compiles, about a minute on the H200 machine).
+    """
+
+    def __init__(self, model: Pi05Model, num_steps: int, compile: bool = False) -> None:
+        self.model, self.num_steps = model, num_steps
+        if compile:  # Inductor fuses the many small norm/RoPE/gating kernels; graphs then replay them
+            model.compile_steps()
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, list[Tensor], Tensor]] = {}
+
+    @staticmethod
+    def _key(inputs: list[Tensor]) -> tuple[Any, ...]:
+        return tuple((tuple(t.shape), t.dtype) for t in inputs)
+
+    def __call__(
+        self, images: list[Tensor], image_masks: list[Tensor], tokens: Tensor, token_mask: Tensor, noise: Tensor
+    ) -> Tensor:
+        n = tokens.shape[0]
+        size = bucket_size(n)
+        flat = [_pad_rows(t, size) for t in (*images, *image_masks, tokens, token_mask, noise)]
+        key = self._key(flat)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(flat, len(images))
+        graph, static, out = self.graphs[key]
+        for dst, src in zip(static, flat, strict=True):
+            dst.copy_(src, non_blocking=True)
+        graph.replay()
+        return out[:n].clone()
+
+    def _capture(self, flat: list[Tensor], n_cams: int) -> tuple[torch.cuda.CUDAGraph, list[Tensor], Tensor]:
+        static = [t.clone() for t in flat]
+
+        def run() -> Tensor:
+            imgs, masks = static[:n_cams], static[n_cams : 2 * n_cams]
+            tokens, token_mask, noise = static[2 * n_cams :]
+            return self.model.generate(imgs, masks, tokens, token_mask, noise, self.num_steps)
+
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream), torch.inference_mode():
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
+            out = run()
+        return graph, static, out

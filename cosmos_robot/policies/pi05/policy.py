@@ -41,7 +41,7 @@ from cosmos_robot.policies.pi05.checkpoint import (
     save_weights,
     write_architecture,
 )
-from cosmos_robot.policies.pi05.modeling import Pi05Architecture, Pi05Model, PrefixCache
+from cosmos_robot.policies.pi05.modeling import GraphedGenerate, Pi05Architecture, Pi05Model, PrefixCache
 from cosmos_robot.policies.registry import CheckpointError
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
@@ -135,6 +135,8 @@ class Pi05Policy(BatchPolicy):
         *,
         serve_seed: int = 0,
         num_steps: int | None = None,
+        cuda_graphs: bool | None = None,
+        compile: bool = False,
     ) -> None:
         self.model = model.eval()
         self.lerobot_config = lerobot_config
@@ -147,6 +149,10 @@ class Pi05Policy(BatchPolicy):
         self.action_dim = int(lerobot_config.output_features[ACTION_KEY].shape[0])
         self.aliases = self._aliases()
         self._spec = self._build_spec()
+        use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        if use_graphs and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, it is on {self.device}")
+        self.graphed = GraphedGenerate(self.model, self.num_steps, compile=compile) if use_graphs else None
 
     # --- construction ----------------------------------------------------------------------------
     @property
@@ -159,9 +165,14 @@ class Pi05Policy(BatchPolicy):
 
     @classmethod
     def from_pretrained(
-        cls, ckpt_dir: str | Path, device: str | torch.device = "cpu", dtype: str | torch.dtype | None = None
+        cls,
+        ckpt_dir: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype | None = None,
+        cuda_graphs: bool | None = None,
     ) -> Pi05Policy:
-        """Load a LeRobot pi05 folder (see ``checkpoint``); ``dtype`` defaults to the config's ``dtype``."""
+        """Load a LeRobot pi05 folder (see ``checkpoint``). ``dtype`` defaults to the config's ``dtype``;
+        ``cuda_graphs`` (default: on for CUDA devices) replays prefix + flow steps as one graph."""
         root = Path(ckpt_dir)
         check_folder(root)
         raw = read_config(root)
@@ -191,15 +202,20 @@ class Pi05Policy(BatchPolicy):
             )
         except (OSError, ValueError, KeyError, FileNotFoundError) as exc:
             raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
-        return cls(model, lr_config, pre, post, tokenizer)
+        return cls(model, lr_config, pre, post, tokenizer, cuda_graphs=cuda_graphs)
 
     @classmethod
     def from_model(
-        cls, model: Pi05Model, lerobot_config: Any, stats: Mapping[str, Mapping[str, Any]], tokenizer: Any
+        cls,
+        model: Pi05Model,
+        lerobot_config: Any,
+        stats: Mapping[str, Mapping[str, Any]],
+        tokenizer: Any,
+        cuda_graphs: bool | None = None,
     ) -> Pi05Policy:
         """A policy around an in-memory model (SFT/RL, tests), with LeRobot's pi05 processors."""
         pre, post = build_processors(lerobot_config, stats, tokenizer)
-        return cls(model, lerobot_config, pre, post, tokenizer)
+        return cls(model, lerobot_config, pre, post, tokenizer, cuda_graphs=cuda_graphs)
 
     def save_pretrained(self, ckpt_dir: str | Path) -> Path:
         """Write the folder LeRobot writes (config, weights, processors) plus ``tokenizer/`` and, for
@@ -316,6 +332,12 @@ class Pi05Policy(BatchPolicy):
         """Model-space chunks (B, chunk, max_action_dim) from the cached prefix; RL samplers override this."""
         return self.model.sample_actions(cache, noise, self.num_steps)
 
+    def generate(self, inputs: Pi05Inputs, noise: torch.Tensor) -> torch.Tensor:
+        """Model-space chunks for prepared inputs: the captured graph on CUDA, else eager."""
+        if self.graphed is not None and type(self).denoise is Pi05Policy.denoise:
+            return self.graphed(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise)
+        return self.denoise(self.encode(inputs), noise)
+
     def unnormalize(self, actions: torch.Tensor) -> np.ndarray:
         """(B, chunk, >= action_dim) model-space actions -> env units, first ``n_action_steps`` rows."""
         acts = actions[:, : self.lerobot_config.n_action_steps, : self.action_dim].float().cpu()
@@ -329,9 +351,8 @@ class Pi05Policy(BatchPolicy):
             return []
         with torch.inference_mode():
             inputs = self.prepare(obs_batch)
-            cache = self.encode(inputs)
             start = self.serving_noise(inputs.batch_size) if noise is None else noise.to(self.device)
-            actions = self.unnormalize(self.denoise(cache, start.float()))
+            actions = self.unnormalize(self.generate(inputs, start.float()))
         return [{"actions": chunk} for chunk in actions]
 
 

@@ -1,0 +1,264 @@
+"""pi0.5 action-chunk latency at the released size: LeRobot 0.6.1's ``predict_action_chunk`` vs ours, one run.
+
+Random weights, the released architecture (PaliGemma gemma_2b + SigLIP so400m/14 + gemma_300m
+expert, 4.1 B parameters), two 224x224 cameras, a 200-token prompt, chunk 50, 10 flow steps. Both
+models hold the same weights (ours is loaded from LeRobot's state dict), and the report includes
+their largest action difference on the same inputs and noise.
+
+Measured per batch size (1 and 8), p50/p99 over ``--iters`` calls, CUDA-synchronised:
+
+- ``lerobot``: ``PI05Policy.predict_action_chunk`` on preprocessed inputs (its eager path);
+- ``ours_eager``: ``Pi05Model.generate`` (prefix once with a KV cache, fused SDPA attention);
+- ``ours_graph``: the same captured as one CUDA graph (``GraphedGenerate``);
+- ``ours_infer``: ``Pi05Policy.infer_batch`` from raw observations (LeRobot's processors + the graph);
+- ``server``: our websocket client -> ``PolicyServer`` on loopback -> the policy; batch 8 is 8
+  concurrent clients whose requests the server batches.
+
+    python benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --out pi05_latency.json   # H200
+    .venv/bin/python benchmarks/pi05_latency.py --size tiny --device cpu --iters 3             # smoke test
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np
+import torch
+
+import parity_pi05 as parity  # noqa: E402  (same folder)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure(fn: Callable[[], object], iters: int, device: str, warmup: int = 3) -> dict[str, float]:
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2)}
+
+
+def server_latency(policy: object, batch: int, iters: int, obs: list[dict]) -> dict[str, float]:
+    from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
+    from cosmos_robot_server import PolicyServer, ServerConfig
+
+    server = PolicyServer(policy, ServerConfig(port=0, transports=("ws",))).start_in_thread(timeout_s=120)  # type: ignore[arg-type]
+    try:
+        clients = [WebsocketClientPolicy("127.0.0.1", server.ports["ws"]) for _ in range(batch)]
+        for c, o in zip(clients, obs, strict=False):
+            c.infer(o)  # warm-up (captures the graph for this shape)
+        times: list[float] = []
+        lock = threading.Lock()
+
+        def worker(i: int) -> None:
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                clients[i].infer(obs[i % len(obs)])
+                with lock:
+                    times.append((time.perf_counter() - t0) * 1e3)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(batch)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for c in clients:
+            c.close()
+    finally:
+        server.stop()
+    return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=["tiny", "full"], default="full")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--skip-lerobot", action="store_true", help="random native weights only (no LeRobot model)")
+    ap.add_argument("--profile", action="store_true", help="also time prefix/step split, SDPA backends, top kernels")
+    ap.add_argument("--compile", action="store_true", help="torch.compile prefix and flow step under the graph")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    dev = args.device
+
+    from cosmos_robot.policies.pi05.modeling import GemmaSpec, Pi05Architecture, Pi05Model, VisionSpec
+    from cosmos_robot.policies.pi05.policy import Pi05Policy
+
+    t0 = time.perf_counter()
+    if args.skip_lerobot:
+        from cosmos_robot.policies.pi05.tokenizer import make_byte_tokenizer
+
+        ref, cfg = None, parity.make_config(args.size, dev, args.dtype)
+        stats, tokenizer = parity.make_stats(0), make_byte_tokenizer()
+    else:
+        ref, cfg, stats, tokenizer = parity.make_reference(args.size, dev, args.dtype, seed=0)
+        ref.eval()
+    report: dict[str, object] = {
+        "size": args.size,
+        "device": torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu",
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "flow_steps": args.steps,
+        "chunk": cfg.chunk_size,
+        "build_s": round(time.perf_counter() - t0, 1),
+    }
+    cfg.num_inference_steps = args.steps
+    if args.size == "tiny":
+        arch = Pi05Architecture(
+            vlm=GemmaSpec(**parity.TINY),
+            expert=GemmaSpec(**parity.TINY),
+            vision=VisionSpec(**parity.TINY_VISION),
+            chunk_size=cfg.chunk_size,
+        )
+    else:
+        arch = Pi05Architecture(chunk_size=cfg.chunk_size)
+    torch_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    if ref is None:
+        with torch.device(dev):
+            native = Pi05Model(arch).to(torch_dtype)
+        gen = torch.Generator(device=dev).manual_seed(1)
+        with torch.no_grad():
+            for p in native.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen, device=dev) * 0.05)
+    else:
+        with torch.device("meta"):
+            native = Pi05Model(arch)
+        state = {
+            k.removeprefix("model."): v.detach().to(dev, torch_dtype)
+            for k, v in ref.state_dict().items()
+            if k.startswith("model.") and not k.endswith("lm_head.weight")
+        }
+        native.load_state_dict(state, strict=True, assign=True)
+        del state
+    eager = Pi05Policy.from_model(native, cfg, stats, tokenizer, cuda_graphs=False)
+    graphed = eager
+    if dev.startswith("cuda"):
+        pre, post = eager.preprocessor, eager.postprocessor
+        graphed = Pi05Policy(native, cfg, pre, post, tokenizer, cuda_graphs=True, compile=args.compile)
+    report["compile"] = args.compile
+    report["params_million"] = round(sum(p.numel() for p in native.parameters()) / 1e6, 1)
+
+    results: dict[str, dict[str, object]] = {}
+    for b in args.batches:
+        obs = parity.observations(b, seed=b)
+        gen = torch.Generator().manual_seed(b)
+        noise = torch.randn((b, cfg.chunk_size, cfg.max_action_dim), generator=gen).to(dev)
+        with torch.inference_mode():
+            inputs = eager.prepare(obs)
+            row: dict[str, object] = {}
+            if not args.skip_lerobot:
+                processed = ref_batch(obs, ref, eager)
+                row["lerobot"] = measure(lambda: ref.predict_action_chunk(processed, noise=noise), args.iters, dev)
+                lr_actions = ref.predict_action_chunk(processed, noise=noise).float()
+            row["ours_eager"] = measure(
+                lambda: native.generate(
+                    inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise, args.steps
+                ),
+                args.iters,
+                dev,
+            )
+            ours = native.generate(
+                inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise, args.steps
+            )
+            tc = time.perf_counter()
+            if graphed.graphed is not None:
+                g = graphed.graphed
+                row["ours_graph"] = measure(
+                    lambda: g(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise),
+                    args.iters,
+                    dev,
+                )
+                row["first_call_s"] = round(time.perf_counter() - tc, 1)  # capture (+ compile) on the first call
+                graph_out = g(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise).float()
+                row["graph_vs_eager_max_abs"] = float((graph_out - ours.float()).abs().max())
+            row["ours_infer"] = measure(lambda: graphed.infer_batch(obs), args.iters, dev)
+            if not args.skip_lerobot:
+                d = eager.action_dim
+                diff = (lr_actions[..., :d] - ours.float()[..., :d]).abs()
+                row["vs_lerobot_max_abs"] = float(diff.max())
+                row["vs_lerobot_mean_abs"] = float(diff.mean())
+                row["action_scale"] = float(lr_actions[..., :d].abs().mean())
+        if args.profile:
+            row["profile"] = profile(native, inputs, noise, args.steps, dev)
+        row["server"] = server_latency(graphed, b, max(5, args.iters // max(1, b // 2)), obs)
+        results[f"batch_{b}"] = row
+        print(json.dumps({f"batch_{b}": row}), flush=True)
+    report["results"] = results
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+def profile(native: object, inputs: object, noise: torch.Tensor, steps: int, dev: str) -> dict[str, object]:
+    """Where the time goes: prefix vs one flow step, each SDPA backend, and the top CUDA kernels."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    m, x = native, inputs
+    out: dict[str, object] = {}
+    with torch.inference_mode():
+        cache = m.encode_prefix(x.images, x.image_masks, x.tokens, x.token_mask)  # type: ignore[attr-defined]
+        t = torch.full((noise.shape[0],), 0.5, device=dev)
+        out["prefix"] = measure(lambda: m.encode_prefix(x.images, x.image_masks, x.tokens, x.token_mask), 10, dev)  # type: ignore[attr-defined]
+        out["one_step"] = measure(lambda: m.velocity(cache, noise, t), 10, dev)  # type: ignore[attr-defined]
+        for name, backend in (
+            ("math", SDPBackend.MATH),
+            ("efficient", SDPBackend.EFFICIENT_ATTENTION),
+            ("cudnn", SDPBackend.CUDNN_ATTENTION),
+        ):
+            try:
+                with sdpa_kernel(backend):
+                    out[f"generate_{name}"] = measure(
+                        lambda: m.generate(x.images, x.image_masks, x.tokens, x.token_mask, noise, steps),
+                        5,
+                        dev,  # type: ignore[attr-defined]
+                    )
+            except RuntimeError as exc:
+                out[f"generate_{name}"] = str(exc)[:120]
+        if dev.startswith("cuda"):
+            from torch.profiler import ProfilerActivity
+            from torch.profiler import profile as torch_profile
+
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                m.generate(x.images, x.image_masks, x.tokens, x.token_mask, noise, steps)  # type: ignore[attr-defined]
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
+            print(table, flush=True)
+    return out
+
+
+def ref_batch(obs: list[dict], ref: object, ours: object) -> dict:
+    """LeRobot's preprocessed batch for ``obs`` (the same processor pipeline our policy runs)."""
+    batch = {
+        "observation.images.image": torch.stack([parity._chw(o["observation/image"]) for o in obs]),
+        "observation.images.image2": torch.stack([parity._chw(o["observation/wrist_image"]) for o in obs]),
+        "observation.state": torch.from_numpy(np.stack([o["observation/state"] for o in obs])),
+        "task": [o["prompt"] for o in obs],
+    }
+    return ours.preprocessor(batch)  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
