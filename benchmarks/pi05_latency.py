@@ -33,9 +33,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
+import parity_pi05 as parity
 import torch
-
-import parity_pi05 as parity  # noqa: E402  (same folder)
 
 
 def sync(device: str) -> None:
@@ -161,49 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, dict[str, object]] = {}
     for b in args.batches:
-        obs = parity.observations(b, seed=b)
-        gen = torch.Generator().manual_seed(b)
-        noise = torch.randn((b, cfg.chunk_size, cfg.max_action_dim), generator=gen).to(dev)
-        with torch.inference_mode():
-            inputs = eager.prepare(obs)
-            row: dict[str, object] = {}
-            if not args.skip_lerobot:
-                processed = ref_batch(obs, ref, eager)
-                row["lerobot"] = measure(lambda: ref.predict_action_chunk(processed, noise=noise), args.iters, dev)
-                lr_actions = ref.predict_action_chunk(processed, noise=noise).float()
-            row["ours_eager"] = measure(
-                lambda: native.generate(
-                    inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise, args.steps
-                ),
-                args.iters,
-                dev,
-            )
-            ours = native.generate(
-                inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise, args.steps
-            )
-            tc = time.perf_counter()
-            if graphed.graphed is not None:
-                g = graphed.graphed
-                row["ours_graph"] = measure(
-                    lambda: g(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise),
-                    args.iters,
-                    dev,
-                )
-                row["first_call_s"] = round(time.perf_counter() - tc, 1)  # capture (+ compile) on the first call
-                graph_out = g(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise).float()
-                row["graph_vs_eager_max_abs"] = float((graph_out - ours.float()).abs().max())
-            row["ours_infer"] = measure(lambda: graphed.infer_batch(obs), args.iters, dev)
-            if not args.skip_lerobot:
-                d = eager.action_dim
-                diff = (lr_actions[..., :d] - ours.float()[..., :d]).abs()
-                row["vs_lerobot_max_abs"] = float(diff.max())
-                row["vs_lerobot_mean_abs"] = float(diff.mean())
-                row["action_scale"] = float(lr_actions[..., :d].abs().mean())
-        if args.profile:
-            row["profile"] = profile(native, inputs, noise, args.steps, dev)
-        row["server"] = server_latency(graphed, b, max(5, args.iters // max(1, b // 2)), obs)
-        results[f"batch_{b}"] = row
-        print(json.dumps({f"batch_{b}": row}), flush=True)
+        run_batch(b, args, ref, cfg, native, eager, graphed, results)
     report["results"] = results
     text = json.dumps(report, indent=2)
     print(text)
@@ -247,6 +204,60 @@ def profile(native: object, inputs: object, noise: torch.Tensor, steps: int, dev
             table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
             print(table, flush=True)
     return out
+
+
+def run_batch(
+    b: int,
+    args: argparse.Namespace,
+    ref: object,
+    cfg: object,
+    native: object,
+    eager: object,
+    graphed: object,
+    results: dict,
+) -> None:
+    dev = args.device
+    obs = parity.observations(b, seed=b)
+    gen = torch.Generator().manual_seed(b)
+    noise = torch.randn((b, cfg.chunk_size, cfg.max_action_dim), generator=gen).to(dev)
+    with torch.inference_mode():
+        inputs = eager.prepare(obs)
+        row: dict[str, object] = {}
+        if not args.skip_lerobot:
+            processed = ref_batch(obs, ref, eager)
+            row["lerobot"] = measure(lambda: ref.predict_action_chunk(processed, noise=noise), args.iters, dev)
+            lr_actions = ref.predict_action_chunk(processed, noise=noise).float()
+        row["ours_eager"] = measure(
+            lambda: native.generate(
+                inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise, args.steps
+            ),
+            args.iters,
+            dev,
+        )
+        ours = native.generate(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise, args.steps)
+        tc = time.perf_counter()
+        if graphed.graphed is not None:
+            g = graphed.graphed
+            row["ours_graph"] = measure(
+                lambda: g(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise),
+                args.iters,
+                dev,
+            )
+            row["first_call_s"] = round(time.perf_counter() - tc, 1)  # capture (+ compile) on the first call
+            graph_out = g(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise).float()
+            row["graph_vs_eager_max_abs"] = float((graph_out - ours.float()).abs().max())
+        row["ours_infer"] = measure(lambda: graphed.infer_batch(obs), args.iters, dev)
+        if not args.skip_lerobot:
+            d = eager.action_dim
+            diff = (lr_actions[..., :d] - ours.float()[..., :d]).abs()
+            row["vs_lerobot_max_abs"] = float(diff.max())
+            row["vs_lerobot_mean_abs"] = float(diff.mean())
+            row["action_scale"] = float(lr_actions[..., :d].abs().mean())
+    if args.profile:
+        row["profile"] = profile(native, inputs, noise, args.steps, dev)
+    row["server"] = server_latency(graphed, b, max(5, args.iters // max(1, b // 2)), obs)
+    results[f"batch_{b}"] = row
+    print(json.dumps({f"batch_{b}": row}), flush=True)
 
 
 def ref_batch(obs: list[dict], ref: object, ours: object) -> dict:
