@@ -19,6 +19,7 @@ from cosmos_robot_trainers.rl import RLConfig, Rollout, episode_specs, run_rl
 from cosmos_robot_trainers.rl.advantage import dpo_pairs, episode_layout, group_advantages, ppo_advantages
 from cosmos_robot_trainers.rl.config import AlgoConfig
 from cosmos_robot_trainers.rl.learner import build_optimizer, update_policy_gradient
+from cosmos_robot_trainers.rl.policies import FlowRLPolicy
 from cosmos_robot_trainers.rl.rollout import TRAIN_SEED_BASE, RolloutWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +89,7 @@ def test_flow_noise_ppo_ratio_is_one_and_entropy_logged(tmp_path: Path) -> None:
 def small_rollout() -> tuple[RLConfig, FlowPolicy, Rollout]:
     config = debug_config("joint_ppo", Path("/nonexistent"), "env.max_steps=15")
     policy = FlowPolicy.from_pretrained(CKPT)
-    worker = RolloutWorker(config, policy)
+    worker = RolloutWorker(config, FlowRLPolicy(policy))
     try:
         rollout = worker.collect(episode_specs(config, 0), seed=3)
     finally:
@@ -102,7 +103,9 @@ def test_rollout_records_whole_episodes(small_rollout: tuple[RLConfig, FlowPolic
     cfg = policy.config
     k = config.rollout.num_flow_steps
     assert r.chain.shape == (r.num_decisions, k + 1, cfg.horizon, cfg.action_dim)  # type: ignore[operator]
-    assert r.images.dtype == torch.uint8 and r.images.shape[1:] == (2, 3, cfg.image_size, cfg.image_size)
+    images = r.inputs["images"]
+    assert images.dtype == torch.uint8 and images.shape[1:] == (2, 3, cfg.image_size, cfg.image_size)
+    assert r.inputs["state"].shape == (r.num_decisions, cfg.state_dim) and len(r.inputs["prompt"]) == r.num_decisions
     # every episode ends exactly once, on its last decision; steps count 0.. per episode
     for e in range(r.num_episodes):
         sel = r.episode == e
@@ -170,9 +173,7 @@ def _rollout(
             boot.append(bootstrap_last[e] if bootstrap_last and t == len(rs) - 1 else 0.0)
     m, n = len(ep), len(episodes)
     return Rollout(
-        images=torch.zeros((m, 1, 3, 8, 8), dtype=torch.uint8),
-        state=torch.zeros((m, 8)),
-        prompts=["x"] * m,
+        inputs={"images": torch.zeros((m, 1, 3, 8, 8), dtype=torch.uint8), "state": torch.zeros((m, 8)), "prompt": ["x"] * m},
         chain=torch.zeros((m, 2, 1, 1)),
         sde_step=torch.zeros(m, dtype=torch.long),
         log_prob=torch.zeros(m),
@@ -270,7 +271,7 @@ def test_ray_rollout_workers_match_the_schedule(tmp_path: Path) -> None:
 def test_progress_shaping_telescopes_per_episode() -> None:
     """With shaping c, an episode's rewards sum to success + c * (phi_last - phi_first), within [-c, c] of it."""
     config = debug_config("joint_ppo", Path("/x"), "env.max_steps=15", "reward.shaping_coef=2.0")
-    worker = RolloutWorker(config, FlowPolicy.from_pretrained(CKPT))
+    worker = RolloutWorker(config, FlowRLPolicy(FlowPolicy.from_pretrained(CKPT)))
     try:
         r = worker.collect(episode_specs(config, 0), seed=3)
     finally:
@@ -357,7 +358,7 @@ def test_bad_init_is_a_clear_error_and_makes_no_run_folder(tmp_path: Path) -> No
         app, ["train", "debug_joint_ppo", "--set", f"init={tmp_path / 'nope'}", "--set", f"output.dir={out}"]
     )
     assert result.exit_code == 2
-    assert "not a checkpoint folder" in result.output and str(tmp_path / "nope") in result.output
+    assert "does not exist" in result.output and str(tmp_path / "nope") in result.output
     assert not out.exists()
 
 
@@ -376,7 +377,7 @@ def test_policy_gradient_moves_actions_toward_positive_advantages(
     )
     model = FlowPolicy.from_pretrained(CKPT).model
     h = config.rollout.replan_steps
-    batch = {"images": r.images, "state": r.state, "prompt": r.prompts}
+    batch = r.inputs
 
     def ode_dim0() -> torch.Tensor:
         with torch.no_grad():

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 import torch
 
-from cosmos_robot.policies.flow.modeling_flow import FlowModel, draw_randn
+from cosmos_robot.policies.flow.modeling_flow import draw_randn
 
 __all__ = [
+    "FlowSampler",
     "LogProbResult",
     "SampleMode",
     "SampleResult",
@@ -42,6 +43,19 @@ __all__ = [
 ]
 
 SampleMode = Literal["ode", "flow_sde", "flow_noise"]
+
+
+class FlowSampler(Protocol):
+    """What the samplers need from a model (``FlowModel``, ``Pi05RLModel``): sizes, the velocity and
+    features at per-sample times (``expert``), and the Flow-Noise std head."""
+
+    config: Any  # .horizon, .action_dim (chain width), .num_flow_steps, .noise_level
+
+    def expert(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> tuple[torch.Tensor, Any]: ...
+
+    def noise_std(self, features: Any) -> torch.Tensor: ...
+
+
 _MODES = ("ode", "flow_sde", "flow_noise")
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -93,10 +107,10 @@ def _gaussian_entropy(std: torch.Tensor) -> torch.Tensor:
 
 
 def _transition(
-    model: FlowModel,
+    model: FlowSampler,
     x: torch.Tensor,
     step: torch.Tensor,
-    context: torch.Tensor,
+    context: Any,
     kind: SampleMode,
     num_steps: int,
     noise_level: float,
@@ -118,7 +132,7 @@ def _transition(
     return mean, torch.zeros_like(x)
 
 
-def _check(mode: str, num_steps: int, model: FlowModel, horizon: int | None, dims: int | None) -> tuple[int, int]:
+def _check(mode: str, num_steps: int, model: FlowSampler, horizon: int | None, dims: int | None) -> tuple[int, int]:
     """Validate the arguments; return the executed slice ``(h, d)`` of the chunk."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {list(_MODES)}, got {mode!r}")
@@ -136,8 +150,8 @@ def _check(mode: str, num_steps: int, model: FlowModel, horizon: int | None, dim
 
 @torch.no_grad()
 def sample_actions(
-    model: FlowModel,
-    context: torch.Tensor,
+    model: FlowSampler,
+    context: Any,
     mode: SampleMode = "ode",
     num_steps: int | None = None,
     generator: torch.Generator | None = None,
@@ -216,8 +230,8 @@ def _aggregate(mode: SampleMode, per_elem: torch.Tensor, ent: torch.Tensor, j: i
 
 
 def recompute_log_prob(
-    model: FlowModel,
-    context: torch.Tensor,
+    model: FlowSampler,
+    context: Any,
     chain: torch.Tensor,
     mode: SampleMode,
     sde_step: torch.Tensor | int | None = None,

@@ -105,6 +105,7 @@ class OptimConfig(StrictModel):
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas (RLinf)
     grad_clip: float | None = Field(default=1.0, gt=0)  # global grad-norm clip (None: off)
     epochs: int = Field(default=4, ge=1)  # passes over each iteration's data
+    freeze_vlm: bool = False  # pi05: freeze SigLIP + the Gemma VLM (train the action expert and the value head)
     minibatch_size: int = Field(default=128, ge=1)  # decisions (nft/dpo: decisions or pairs) per optimizer step
 
 

@@ -22,19 +22,19 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.policies.flow import FlowModel
 from cosmos_robot.policies.flow.sampling import SampleMode, recompute_log_prob
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.rl.advantage import Advantages
 from cosmos_robot_trainers.rl.config import RLConfig
-from cosmos_robot_trainers.rl.rollout import Rollout
+from cosmos_robot_trainers.rl.policies import RLModel
+from cosmos_robot_trainers.rl.rollout import Rollout, index_inputs
 
 __all__ = ["RATIO_GATE", "build_optimizer", "update_dpo", "update_nft", "update_policy_gradient"]
 
 RATIO_GATE = 1e-3  # max |ratio - 1| allowed on the first minibatch of an update
 
 
-def build_optimizer(model: FlowModel, config: RLConfig) -> torch.optim.AdamW:
+def build_optimizer(model: RLModel, config: RLConfig) -> torch.optim.AdamW:
     """AdamW with the value head at ``critic_lr`` and the rest of the model at ``actor_lr``."""
     o = config.optim
     critic = [p for n, p in model.named_parameters() if n.startswith("value_head.")]
@@ -64,11 +64,7 @@ class _Means:
 
 
 def _inputs(rollout: Rollout, idx: torch.Tensor, device: torch.device) -> dict[str, Any]:
-    return {
-        "images": rollout.images[idx].to(device),
-        "state": rollout.state[idx].to(device),
-        "prompt": [rollout.prompts[i] for i in idx.tolist()],
-    }
+    return index_inputs(rollout.inputs, idx, device)
 
 
 def _minibatches(items: torch.Tensor, size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
@@ -77,7 +73,7 @@ def _minibatches(items: torch.Tensor, size: int, generator: torch.Generator) -> 
         yield order[start : start + size]
 
 
-def _step(model: FlowModel, optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float | None) -> float:
+def _step(model: RLModel, optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float | None) -> float:
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     params = [p for p in model.parameters() if p.grad is not None]
@@ -94,7 +90,7 @@ def _step(model: FlowModel, optimizer: torch.optim.Optimizer, loss: torch.Tensor
 
 
 def update_policy_gradient(
-    model: FlowModel,
+    model: RLModel,
     optimizer: torch.optim.Optimizer,
     rollout: Rollout,
     adv: Advantages,
@@ -105,12 +101,13 @@ def update_policy_gradient(
     num_flow_steps: int,
     noise_level: float,
     train_policy: bool = True,
-    ref_model: FlowModel | None = None,
+    ref_model: RLModel | None = None,
 ) -> dict[str, float]:
     """PPO / GRPO / GSPO epochs over the rollout. ``adv.returns`` set -> joint PPO with the value loss."""
     algo, o = config.algo, config.optim
     device = next(model.parameters()).device
-    horizon, dims = config.rollout.replan_steps, model.config.action_dim
+    horizon = config.rollout.replan_steps
+    dims = int(getattr(model, "action_dims", model.config.action_dim))  # executed dims, never padding
     use_value = adv.returns is not None
     gspo = config.trainer == "grpo" and algo.policy_loss == "gspo"
     keep_idx = torch.nonzero(adv.keep).flatten()
@@ -121,7 +118,7 @@ def update_policy_gradient(
         return {"skipped_update": 1.0}
     episodes = torch.unique(rollout.episode[keep_idx])
 
-    def log_prob(m: FlowModel, context: torch.Tensor, mb: torch.Tensor) -> Any:
+    def log_prob(m: RLModel, context: Any, mb: torch.Tensor) -> Any:
         chain, sde = rollout.chain[mb].to(device), rollout.sde_step[mb].to(device)
         return recompute_log_prob(m, context, chain, sample_mode, sde, noise_level, horizon, dims)
 
@@ -206,15 +203,15 @@ def _gspo(
     return loss, metrics
 
 
-def _flow_draws(n: int, model: FlowModel, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _flow_draws(n: int, model: RLModel, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = model.config
     noise = torch.randn((n, cfg.horizon, cfg.action_dim), generator=generator)
     return noise, model.sample_time(n, generator)
 
 
 def update_nft(
-    model: FlowModel,
-    old_model: FlowModel,
+    model: RLModel,
+    old_model: RLModel,
     optimizer: torch.optim.Optimizer,
     rollout: Rollout,
     adv: Advantages,
@@ -249,8 +246,8 @@ def update_nft(
 
 
 def update_dpo(
-    model: FlowModel,
-    ref_model: FlowModel,
+    model: RLModel,
+    ref_model: RLModel,
     optimizer: torch.optim.Optimizer,
     rollout: Rollout,
     pairs: torch.Tensor,

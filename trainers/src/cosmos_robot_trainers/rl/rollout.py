@@ -34,12 +34,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from cosmos_robot.policies.flow import FlowPolicy
-from cosmos_robot.policies.flow.policy import collate_observations
 from cosmos_robot.policies.flow.sampling import sample_actions
-from cosmos_robot.transforms import run_transforms
 from cosmos_robot_envs.vector import BatchedEnv, EnvFactory, make_vector_env
 from cosmos_robot_trainers.rl.config import RLConfig
+from cosmos_robot_trainers.rl.policies import RLPolicy
 
 __all__ = ["EpisodeSpec", "Rollout", "RolloutWorker", "concat_rollouts", "episode_specs", "make_envs"]
 
@@ -75,9 +73,7 @@ class Rollout:
     """Decisions (first dim M) and episodes (first dim E) of one iteration, as CPU tensors."""
 
     # per decision
-    images: torch.Tensor  # (M, ncam, 3, S, S) uint8, resized like serving
-    state: torch.Tensor  # (M, state_dim) float32, normalised
-    prompts: list[str]  # (M,)
+    inputs: dict[str, Any]  # the model inputs the family stores (tensors with first dim M, or lists of M)
     chain: torch.Tensor  # (M, K + 1, H, D) float32 denoising chain (normalised action units)
     sde_step: torch.Tensor  # (M,) int64 Flow-SDE step (-1 for flow_noise / ode)
     log_prob: torch.Tensor  # (M,) float32 old log-prob (chunk level, executed slice)
@@ -123,6 +119,8 @@ def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
             values[f.name] = torch.cat([x + off for x, off in zip(items, offsets)])
         elif f.name == "env_steps":
             values[f.name] = sum(items)
+        elif f.name == "inputs":
+            values[f.name] = {k: _cat([it[k] for it in items]) for k in items[0]}
         elif f.name == "wall_s":
             values[f.name] = {k: max(d.get(k, 0.0) for d in items) for k in items[0]}
         elif isinstance(items[0], list):
@@ -130,6 +128,19 @@ def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
         else:
             values[f.name] = torch.cat(items)
     return Rollout(**values)
+
+
+def _cat(parts: Sequence[Any]) -> Any:
+    """Tensors concatenated along the first dim; lists joined."""
+    if isinstance(parts[0], list):
+        return [x for part in parts for x in part]
+    return torch.cat(list(parts))
+
+
+def index_inputs(inputs: dict[str, Any], idx: torch.Tensor, device: torch.device | str) -> dict[str, Any]:
+    """Rows ``idx`` of stored model inputs, tensors moved to ``device``."""
+    rows = idx.tolist()
+    return {k: v[idx].to(device) if isinstance(v, torch.Tensor) else [v[i] for i in rows] for k, v in inputs.items()}
 
 
 def make_envs(config: RLConfig, num_envs: int | None = None) -> BatchedEnv:
@@ -179,9 +190,7 @@ class _Recorder:
         index = {spec.index: i for i, spec in enumerate(self.specs)}
         ep_rows = [self.episodes[s.index] for s in self.specs]
         return Rollout(
-            images=torch.cat(r["images"]),
-            state=torch.cat(r["state"]),
-            prompts=[p for chunk in r["prompts"] for p in chunk],
+            inputs={k: _cat([row[k] for row in r["inputs"]]) for k in r["inputs"][0]},
             chain=torch.cat(r["chain"]),
             sde_step=torch.cat(r["sde_step"]),
             log_prob=torch.cat(r["log_prob"]),
@@ -206,17 +215,16 @@ class _Recorder:
 class RolloutWorker:
     """Envs + the policy: ``collect(specs, seed)`` runs the scheduled episodes and returns a ``Rollout``.
 
-    The policy is a ``FlowPolicy`` whose model the learner updates in place (single process) or whose
-    weights arrive through ``set_weights`` (a Ray actor). Sampling draws from a CPU generator seeded
+    The policy is an ``RLPolicy`` (any family) whose model the learner updates in place (single
+    process) or whose weights arrive through ``set_weights`` (a Ray actor). Sampling draws from a CPU generator seeded
     per call, so the same weights, specs and seed give the same rollout on any device.
     """
 
-    def __init__(self, config: RLConfig, policy: FlowPolicy, num_envs: int | None = None) -> None:
+    def __init__(self, config: RLConfig, policy: RLPolicy, num_envs: int | None = None) -> None:
         self.config = config
         self.policy = policy
         self.venv = make_envs(config, num_envs)
-        cfg = policy.config
-        self.cameras = list(cfg.cameras)
+        cfg = policy.model.config
         self.horizon = config.rollout.replan_steps
         if self.horizon > cfg.horizon:
             raise ValueError(f"rollout.replan_steps ({self.horizon}) exceeds the policy's chunk length ({cfg.horizon})")
@@ -233,15 +241,14 @@ class RolloutWorker:
 
     # --- model side --------------------------------------------------------------------------------
     def _model_batch(self, obs: dict[str, Any], rows: Sequence[int]) -> dict[str, Any]:
-        items = []
+        cameras = [k for k, v in obs.items() if isinstance(v, np.ndarray) and v.ndim == 4 and v.dtype == np.uint8]
+        wire = []
         for i in rows:
-            wire = {f"observation/{cam}": obs[cam][i] for cam in self.cameras}
-            wire["observation/state"] = obs["state"][i]
-            wire["prompt"] = obs["prompt"][i]
-            items.append(run_transforms(self.policy.input_transforms, wire))
-        batch = collate_observations(items, self.policy.config, self.policy.device)
-        batch["prompt"] = [str(item["prompt"]) for item in items]
-        return batch
+            w = {f"observation/{cam}": obs[cam][i] for cam in cameras}
+            w["observation/state"] = obs["state"][i]
+            w["prompt"] = str(obs["prompt"][i])
+            wire.append(w)
+        return self.policy.model_inputs(wire)
 
     @torch.no_grad()
     def _decide(self, batch: dict[str, Any], generator: torch.Generator) -> tuple[Any, torch.Tensor, np.ndarray]:
@@ -257,12 +264,9 @@ class RolloutWorker:
             generator=generator,
             noise_level=self.noise_level,
             horizon=self.horizon,
-            dims=self.policy.config.action_dim,
+            dims=self.policy.action_dims,
         )
-        actions = sample.actions.float().cpu().numpy()
-        env_actions = np.stack(
-            [run_transforms(self.policy.output_transforms, {"actions": a})["actions"] for a in actions]
-        )
+        env_actions = self.policy.env_actions(sample.actions)
         return sample, value.float().cpu(), np.clip(env_actions[:, : self.horizon], -1.0, 1.0)
 
     @torch.no_grad()
@@ -351,9 +355,7 @@ class RolloutWorker:
             if cut:
                 bootstrap[cut] = self._final_values(obs, [active[j] for j in cut])
             rec.add(
-                images=batch["images"].cpu(),
-                state=batch["state"].cpu(),
-                prompts=batch["prompt"],
+                inputs={k: v.cpu() if isinstance(v, torch.Tensor) else list(v) for k, v in batch.items()},
                 chain=sample.chain.float().cpu(),
                 sde_step=sample.sde_step.cpu(),
                 log_prob=sample.log_prob.float().cpu(),

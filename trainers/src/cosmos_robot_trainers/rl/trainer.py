@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.policies.flow import FlowModel, FlowPolicy
 from cosmos_robot_trainers.common import (
     MetricsLogger,
     TrainProgress,
@@ -51,6 +50,7 @@ from cosmos_robot_trainers.rl.learner import (
     update_nft,
     update_policy_gradient,
 )
+from cosmos_robot_trainers.rl.policies import RLModel, frozen_copy, load_rl_policy
 from cosmos_robot_trainers.rl.rollout import Rollout, episode_specs
 from cosmos_robot_trainers.rl.workers import make_rollouts
 from cosmos_robot_trainers.sft.config import EvalHookConfig
@@ -146,7 +146,8 @@ def run_rl(
     tcfg = config.train
     out = Path(config.output.dir)
     device = torch.device(tcfg.device)
-    policy = FlowPolicy.from_pretrained(config.init, device=device)  # a bad init fails before any folder is made
+    # a bad init fails before any folder is made
+    policy = load_rl_policy(config.init, device, config.rollout.noise_level, config.optim.freeze_vlm)
     ckpt_path = prepare_run_dir(config, out, RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
     configure_torch(tcfg.num_threads, tcfg.deterministic)
     seed_everything(tcfg.seed)
@@ -156,10 +157,9 @@ def run_rl(
         # the policy is trained (and so evaluated and exported) for the sampler the rollouts use
         ckpt_steps = model.config.num_flow_steps
         log(f"serving with {steps} denoising steps (rollout.num_flow_steps; the checkpoint has {ckpt_steps})")
-        model.config = model.config.model_copy(update={"num_flow_steps": steps})
-        policy.config = model.config
-    ref_model = _frozen(model) if (config.trainer == "dpo" or config.algo.kl_coef > 0) else None
-    old_model = _frozen(model) if config.trainer == "nft" else None
+        policy.set_num_flow_steps(steps)
+    ref_model = frozen_copy(model) if (config.trainer == "dpo" or config.algo.kl_coef > 0) else None
+    old_model = frozen_copy(model) if config.trainer == "nft" else None
     optimizer = build_optimizer(model, config)
     start, prior_wall = 0, 0.0
     if ckpt_path is not None:
@@ -181,9 +181,7 @@ def run_rl(
     deadline = t0 + 60 * tcfg.max_wall_minutes - prior_wall if tcfg.max_wall_minutes else math.inf
 
     def evaluate(label: str, episodes: int) -> dict[str, Any]:
-        served = FlowPolicy(
-            copy.deepcopy(model).eval(), policy.stats, policy.input_transforms, policy.output_transforms
-        )
+        served = policy.servable(copy.deepcopy(model))
         return evaluate_policy(served, _eval_cfg(config, episodes), out / "eval" / label, f"{config.trainer}:{label}")
 
     def checkpoint(at: int) -> None:
@@ -256,9 +254,7 @@ def run_rl(
         result.finished = it >= tcfg.iterations
         result.total_wall_s = prior_wall + time.perf_counter() - t0
         if result.finished or it < stop:  # finished, or stopped by the clock
-            served = FlowPolicy(
-                copy.deepcopy(model).eval(), policy.stats, policy.input_transforms, policy.output_transforms
-            )
+            served = policy.servable(copy.deepcopy(model))
             result.final_dir = export_policy(served, out / "final")
             log(f"final policy: {result.final_dir} ({result.total_wall_s / 60:.1f} min)")
             if config.eval.final:
@@ -274,22 +270,15 @@ def run_rl(
     return result
 
 
-def _frozen(model: FlowModel) -> FlowModel:
-    frozen = copy.deepcopy(model).eval()
-    for p in frozen.parameters():
-        p.requires_grad_(False)
-    return frozen
-
-
 def _update(
     config: RLConfig,
-    model: FlowModel,
+    model: RLModel,
     optimizer: torch.optim.Optimizer,
     rollout: Rollout,
     gen: torch.Generator,
     iteration: int,
-    ref_model: FlowModel | None,
-    old_model: FlowModel | None,
+    ref_model: RLModel | None,
+    old_model: RLModel | None,
     mode: Any,
     k_steps: int,
     noise_level: float,
@@ -321,7 +310,7 @@ def _update(
     return {"pairs": float(len(pairs)), **update_dpo(model, ref_model, optimizer, rollout, pairs, config, gen)}
 
 
-def _sync(config: RLConfig, rollouts: Any, model: FlowModel, old_model: FlowModel | None) -> None:
+def _sync(config: RLConfig, rollouts: Any, model: RLModel, old_model: RLModel | None) -> None:
     rollouts.sync(model)
     if old_model is not None:  # NFT: old <- decay * old + (1 - decay) * theta
         d = config.algo.nft_old_decay
@@ -337,7 +326,7 @@ def _plot(out: Path) -> None:
 
 
 def _restore(
-    path: Path, model: FlowModel, optimizer: torch.optim.Optimizer, old_model: FlowModel | None
+    path: Path, model: RLModel, optimizer: torch.optim.Optimizer, old_model: RLModel | None
 ) -> tuple[int, float]:
     ckpt = load_checkpoint(path)
     model.load_state_dict(ckpt.model)

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from cosmos_robot.policies.flow import FlowModel, FlowPolicy
 from cosmos_robot_trainers.rl.config import RLConfig
+from cosmos_robot_trainers.rl.policies import RLModel, RLPolicy, load_rl_policy
 from cosmos_robot_trainers.rl.rollout import EpisodeSpec, Rollout, RolloutWorker, concat_rollouts
 
 __all__ = ["LocalRollouts", "RayRollouts", "make_rollouts"]
@@ -27,13 +27,13 @@ __all__ = ["LocalRollouts", "RayRollouts", "make_rollouts"]
 class LocalRollouts:
     """One ``RolloutWorker`` in this process, sharing the learner's policy object."""
 
-    def __init__(self, config: RLConfig, policy: FlowPolicy) -> None:
+    def __init__(self, config: RLConfig, policy: RLPolicy) -> None:
         self.worker = RolloutWorker(config, policy)
 
     def collect(self, specs: Sequence[EpisodeSpec], seed: int) -> Rollout:
         return self.worker.collect(specs, seed)
 
-    def sync(self, model: FlowModel) -> None:
+    def sync(self, model: RLModel) -> None:
         """Nothing to do: the worker samples from the learner's own model."""
 
     def close(self) -> None:
@@ -46,7 +46,9 @@ class _RayWorker:
     def __init__(self, config_data: dict[str, Any], num_envs: int, threads: int) -> None:
         torch.set_num_threads(threads)
         config = RLConfig.model_validate(config_data)
-        policy = FlowPolicy.from_pretrained(config.init)
+        policy = load_rl_policy(config.init, noise_level=config.rollout.noise_level, freeze_vlm=config.optim.freeze_vlm)
+        if config.rollout.num_flow_steps is not None:
+            policy.set_num_flow_steps(config.rollout.num_flow_steps)
         self.worker = RolloutWorker(config, policy, num_envs=num_envs)
 
     def set_weights(self, state: dict[str, np.ndarray]) -> None:
@@ -92,7 +94,7 @@ class RayRollouts:
         ]
         return concat_rollouts(self.ray.get(futures))
 
-    def sync(self, model: FlowModel) -> None:
+    def sync(self, model: RLModel) -> None:
         state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
         ref = self.ray.put(state)
         self.ray.get([a.set_weights.remote(ref) for a in self.actors])
@@ -105,7 +107,7 @@ class RayRollouts:
                 self.ray.kill(a)
 
 
-def make_rollouts(config: RLConfig, policy: FlowPolicy) -> LocalRollouts | RayRollouts:
+def make_rollouts(config: RLConfig, policy: RLPolicy) -> LocalRollouts | RayRollouts:
     """In-process rollouts for one worker, Ray actors for more."""
     if config.rollout.num_workers == 1:
         return LocalRollouts(config, policy)

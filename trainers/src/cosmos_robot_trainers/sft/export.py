@@ -17,6 +17,7 @@ import torch
 
 from cosmos_robot.normalize import FeatureStats
 from cosmos_robot.policies.flow import FlowModel, FlowPolicy
+from cosmos_robot_client.base_policy import BasePolicy
 from cosmos_robot_trainers.sft.config import EvalHookConfig
 
 __all__ = ["EMA", "build_policy", "evaluate_policy", "export_policy"]
@@ -60,8 +61,9 @@ def build_policy(model: FlowModel, stats: dict[str, FeatureStats], ema: EMA | No
     return FlowPolicy(served.eval(), stats)
 
 
-def export_policy(policy: FlowPolicy, out_dir: str | Path) -> Path:
-    """Write the policy folder into ``<out>.tmp`` first, then rename (no half-written ``final/``)."""
+def export_policy(policy: Any, out_dir: str | Path) -> Path:
+    """Write the policy folder (``policy.save_pretrained``, any family) into ``<out>.tmp`` first, then
+    rename (no half-written ``final/``)."""
     out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     if tmp.exists():
@@ -73,7 +75,7 @@ def export_policy(policy: FlowPolicy, out_dir: str | Path) -> Path:
     return out
 
 
-def evaluate_policy(policy: FlowPolicy, cfg: EvalHookConfig, out_dir: str | Path, label: str) -> dict[str, Any]:
+def evaluate_policy(policy: BasePolicy, cfg: EvalHookConfig, out_dir: str | Path, label: str) -> dict[str, Any]:
     """Roll the policy out in the tabletop suite (``cosmos_robot_envs.eval.run_eval``); results.json content.
 
     ``label`` names the policy in the results (``sft:step500``, ``joint_ppo:iter20``).

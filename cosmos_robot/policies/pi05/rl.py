@@ -1,0 +1,139 @@
+"""What online RL needs from pi0.5: stochastic sampling with log-probs, a value head, a frozen backbone.
+
+``Pi05RLModel`` presents a pi0.5 model through the interface the shared flow samplers
+(``cosmos_robot.policies.flow.sampling``) and the RL learner use for every flow family:
+
+- ``encode(batch)`` -> a ``Pi05Context`` (the prefix KV cache) from stored model inputs
+  (``images`` uint8 (B, cams, 3, S, S) already resized like serving, ``tokens``, ``token_mask``), so
+  a rollout and the learner encode byte-identical inputs and the PPO ratio starts at exactly 1;
+- ``expert(x_t, t, context)`` -> the action expert's velocity at per-sample flow times: Flow-SDE
+  (one stochastic Euler step, the rest ODE) and its log-probs come from the shared sampler, over
+  the executed rows and the real action dims only (``action_dims``), never the zero padding;
+- ``value(context)``: a two-layer head on the VLM prefix, mean-pooled over its valid tokens (the
+  prefix is what the observation is; the action expert only sees noise and time);
+- ``freeze_vlm``: SigLIP + the Gemma VLM are frozen and run without gradients (the expert, the
+  action projections and the value head train), which is what fits a 3 B-parameter policy's RL
+  update on one GPU.
+
+pi0.5 has no learned noise head, so Flow-Noise is refused with an error that says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor, nn
+
+from cosmos_robot.policies.pi05.modeling import Pi05Model, PrefixCache
+
+__all__ = ["Pi05Context", "Pi05RLModel", "Pi05RLSpec"]
+
+
+class Pi05RLSpec(BaseModel):
+    """The sampler-facing sizes: chain rows (``horizon``) and width (``action_dim``, the padded width)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    horizon: int
+    action_dim: int
+    num_flow_steps: int
+    noise_level: float = 0.5
+
+
+@dataclass
+class Pi05Context:
+    """The encoded observation batch the sampler passes back to ``expert`` (tensor-like where it must be)."""
+
+    cache: PrefixCache
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (int(self.cache.pad_mask.shape[0]),)
+
+    @property
+    def device(self) -> torch.device:
+        return self.cache.pad_mask.device
+
+    def repeat_interleave(self, repeats: int, dim: int = 0) -> Pi05Context:
+        if dim != 0:
+            raise ValueError("Pi05Context repeats along the batch only")
+        return Pi05Context(self.cache.expand(repeats))
+
+
+class Pi05RLModel(nn.Module):
+    """A ``Pi05Model`` plus a value head, behind the flow samplers' interface (see the module doc)."""
+
+    def __init__(
+        self,
+        pi05: Pi05Model,
+        action_dims: int,
+        num_flow_steps: int,
+        noise_level: float = 0.5,
+        freeze_vlm: bool = False,
+    ) -> None:
+        super().__init__()
+        arch = pi05.arch
+        if not 1 <= action_dims <= arch.max_action_dim:
+            raise ValueError(f"action_dims must be in [1, {arch.max_action_dim}], got {action_dims}")
+        self.pi05 = pi05
+        self.action_dims = action_dims
+        self.freeze_vlm = freeze_vlm
+        self.config = Pi05RLSpec(
+            horizon=arch.chunk_size,
+            action_dim=arch.max_action_dim,
+            num_flow_steps=num_flow_steps,
+            noise_level=noise_level,
+        )
+        width = arch.vlm.width
+        last = nn.Linear(width, 1)
+        nn.init.zeros_(last.weight)
+        nn.init.zeros_(last.bias)
+        self.value_head = nn.Sequential(nn.Linear(width, width), nn.SiLU(), last)
+        dtype = pi05.action_in_proj.weight.dtype
+        self.value_head.to(device=pi05.action_in_proj.weight.device, dtype=dtype)
+        if freeze_vlm:
+            for p in self.vlm_parameters():
+                p.requires_grad_(False)
+
+    def vlm_parameters(self) -> list[nn.Parameter]:
+        """SigLIP, the projector and the Gemma VLM (what ``freeze_vlm`` freezes)."""
+        return list(self.pi05.paligemma_with_expert.paligemma.parameters())
+
+    # --- the flow-sampler interface ------------------------------------------------------------------
+    def encode(self, batch: dict[str, Any]) -> Pi05Context:
+        images = batch["images"]
+        if images.dtype != torch.uint8 or images.dim() != 5:
+            raise ValueError(f"images: expected uint8 (B, cams, 3, S, S), got {images.dtype} {tuple(images.shape)}")
+        dtype = self.pi05.action_in_proj.weight.dtype
+        cams = [(images[:, c].float() / 255.0 * 2.0 - 1.0).to(dtype) for c in range(images.shape[1])]
+        masks = [torch.ones(images.shape[0], dtype=torch.bool, device=images.device) for _ in cams]
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.freeze_vlm):
+            cache = self.pi05.encode_prefix(cams, masks, batch["tokens"], batch["token_mask"].bool())
+        return Pi05Context(cache)
+
+    def expert(self, x: Tensor, t: Tensor, context: Pi05Context) -> tuple[Tensor, None]:
+        return self.pi05.velocity(context.cache, x, t).float(), None
+
+    def velocity(self, x_t: Tensor, t: Tensor | float, context: Pi05Context) -> Tensor:
+        tt = t if isinstance(t, Tensor) else torch.full((x_t.shape[0],), float(t), device=x_t.device)
+        return self.pi05.velocity(context.cache, x_t, tt.float()).float()
+
+    def noise_std(self, features: Any) -> Tensor:
+        raise ValueError("pi05 has no learned noise head: use rollout.sample_mode = 'flow_sde' (or 'ode')")
+
+    def value(self, context: Pi05Context, detach: bool = False) -> Tensor:
+        cache = context.cache
+        mask = cache.pad_mask[..., None].to(cache.hidden.dtype)
+        pooled = (cache.hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+        if detach:
+            pooled = pooled.detach()
+        return self.value_head(pooled.to(self.pi05.action_in_proj.weight.dtype)).squeeze(-1).float()
+
+    def sample_time(self, n: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
+        """openpi's flow-time distribution: Beta(1.5, 1) (inverse CDF) scaled to [0.001, 1]."""
+        gen_device = generator.device if generator is not None else device
+        u = torch.rand((n,), generator=generator, device=gen_device).to(device)
+        return u.pow(1.0 / 1.5) * 0.999 + 0.001
