@@ -173,7 +173,11 @@ def _rollout(
             boot.append(bootstrap_last[e] if bootstrap_last and t == len(rs) - 1 else 0.0)
     m, n = len(ep), len(episodes)
     return Rollout(
-        inputs={"images": torch.zeros((m, 1, 3, 8, 8), dtype=torch.uint8), "state": torch.zeros((m, 8)), "prompt": ["x"] * m},
+        inputs={
+            "images": torch.zeros((m, 1, 3, 8, 8), dtype=torch.uint8),
+            "state": torch.zeros((m, 8)),
+            "prompt": ["x"] * m,
+        },
         chain=torch.zeros((m, 2, 1, 1)),
         sde_step=torch.zeros(m, dtype=torch.long),
         log_prob=torch.zeros(m),

@@ -73,6 +73,7 @@ class Pi05RLModel(nn.Module):
         num_flow_steps: int,
         noise_level: float = 0.5,
         freeze_vlm: bool = False,
+        value_seed: int = 0,
     ) -> None:
         super().__init__()
         arch = pi05.arch
@@ -88,10 +89,12 @@ class Pi05RLModel(nn.Module):
             noise_level=noise_level,
         )
         width = arch.vlm.width
-        last = nn.Linear(width, 1)
-        nn.init.zeros_(last.weight)
-        nn.init.zeros_(last.bias)
-        self.value_head = nn.Sequential(nn.Linear(width, width), nn.SiLU(), last)
+        with torch.random.fork_rng(devices=[]):  # the same head every time (runs must be reproducible)
+            torch.manual_seed(value_seed)
+            last = nn.Linear(width, 1)
+            nn.init.zeros_(last.weight)
+            nn.init.zeros_(last.bias)
+            self.value_head = nn.Sequential(nn.Linear(width, width), nn.SiLU(), last)
         dtype = pi05.action_in_proj.weight.dtype
         self.value_head.to(device=pi05.action_in_proj.weight.device, dtype=dtype)
         if freeze_vlm:
