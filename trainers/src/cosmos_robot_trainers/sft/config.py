@@ -121,13 +121,23 @@ class SFTConfig(StrictModel):
 
     trainer: Literal["sft"] = "sft"  # which trainer runs this recipe
     name: str = "sft"  # run name (shown in logs)
+    init: str | None = None  # fine-tune this checkpoint folder (a LeRobot pi05 folder) instead of a new [model]
     data: DataConfig
-    model: FlowConfig = Field(default_factory=lambda: FlowConfig())  # the flow policy's architecture
+    model: FlowConfig = Field(default_factory=lambda: FlowConfig())  # the flow policy's architecture (no init)
     augment: AugmentConfig = Field(default_factory=lambda: AugmentConfig())
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig())
     train: TrainConfig = Field(default_factory=lambda: TrainConfig())
     eval: EvalHookConfig = Field(default_factory=lambda: EvalHookConfig())
     output: OutputConfig
+
+    @model_validator(mode="after")
+    def _init_or_model(self) -> SFTConfig:
+        if self.init is not None and "model" in self.model_fields_set:
+            raise ValueError(
+                "give either `init` (fine-tune a checkpoint folder, whose architecture it keeps) or a [model] table "
+                "(train a new flow policy), not both"
+            )
+        return self
 
 
 RUNTIME_FIELDS = frozenset(

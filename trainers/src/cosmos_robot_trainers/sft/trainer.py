@@ -38,7 +38,7 @@ from cosmos_robot_trainers.common import (
     seed_everything,
 )
 from cosmos_robot_trainers.sft.config import SFTConfig
-from cosmos_robot_trainers.sft.data import TrainData, ensure_dataset, load_train_data
+from cosmos_robot_trainers.sft.data import ensure_dataset, load_train_data
 from cosmos_robot_trainers.sft.export import EMA, build_policy, evaluate_policy, export_policy
 from cosmos_robot_trainers.sft.optim import build_optimizer
 from cosmos_robot_trainers.sft.rundir import CHECKPOINTS, prepare_run_dir
@@ -94,20 +94,41 @@ def run_sft(
     """
     tcfg = config.train
     out = Path(config.output.dir)
+    base = _load_init(config)  # a pi05 checkpoint to fine-tune (None: a new flow policy); fails before any folder
     ckpt_path = prepare_run_dir(config, resume=resume, overwrite=overwrite)
     configure_torch(tcfg.num_threads, tcfg.deterministic)
 
     # --- data ------------------------------------------------------------------------------------
     t_data = time.perf_counter()
     record = ensure_dataset(config.data, log=log)
-    data = load_train_data(config.data, config.model)
+    data: Any
+    if base is None:
+        data = load_train_data(config.data, config.model)
+    else:
+        from cosmos_robot_trainers.sft.pi05 import load_pi05_train_data
+
+        data = load_pi05_train_data(config.data, base)
     data_wall_s = time.perf_counter() - t_data
     log(f"data: {len(data)} samples from {data.num_episodes} episodes ({data_wall_s:.1f} s)")
 
     # --- model, optimizer, schedule, sampler, generators -----------------------------------------
     seed_everything(tcfg.seed)
     device = torch.device(tcfg.device)
-    model = FlowModel(config.model).to(device)
+    model: Any
+    if base is None:
+        model = FlowModel(config.model).to(device)
+    else:
+        from cosmos_robot_trainers.sft.pi05 import Pi05SFTModel
+
+        model = Pi05SFTModel(base.model, base.action_dim).to(device)
+
+    def servable() -> Any:
+        if base is None:
+            return build_policy(model, data.stats, ema)
+        from cosmos_robot_trainers.sft.pi05 import build_pi05_policy
+
+        return build_pi05_policy(model, base, data.stats, ema)
+
     model.train()
     optimizer, scheduler = build_optimizer(model, config.optim, tcfg.steps)
     ema = EMA(model, tcfg.ema_decay) if tcfg.ema_decay is not None else None
@@ -189,7 +210,7 @@ def run_sft(
                     checkpoint(step)
                 # phase: eval (optional)
                 if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps:
-                    policy = build_policy(model, data.stats, ema)
+                    policy = servable()
                     results = evaluate_policy(policy, config.eval, out / "eval" / f"step_{step:06d}", f"sft:step{step}")
                     logger.log(step, {"eval_success": results["totals"]["success_rate"]})
                 if out_of_time:
@@ -215,7 +236,7 @@ def run_sft(
         last_metrics=last,
     )
     if finished or stopped_by_clock:
-        policy = build_policy(model, data.stats, ema)
+        policy = servable()
         result.final_dir = export_policy(policy, out / "final")
         log(f"final policy: {result.final_dir} (training {total_wall / 60:.1f} min)")
         if config.output.plot:
@@ -228,9 +249,24 @@ def run_sft(
     return result
 
 
-def _flow_draws(
-    model: FlowModel, actions: torch.Tensor, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _load_init(config: SFTConfig) -> Any:
+    """The ``init`` checkpoint as a ``Pi05Policy`` (the only family SFT fine-tunes from a folder), or None."""
+    if config.init is None:
+        return None
+    from cosmos_robot.policies import CheckpointError, detect_family
+
+    family = detect_family(config.init)
+    if family != "pi05":
+        raise CheckpointError(
+            f"init: {config.init} is a {family!r} checkpoint; SFT fine-tunes pi05 folders "
+            "(a flow policy trains from a [model] table)"
+        )
+    from cosmos_robot.policies.pi05.policy import Pi05Policy
+
+    return Pi05Policy.from_pretrained(config.init, device=config.train.device, cuda_graphs=False)
+
+
+def _flow_draws(model: Any, actions: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Flow noise and times drawn on the CPU generator: the same numbers on any device."""
     noise = torch.randn(actions.shape, generator=generator)
     return noise, model.sample_time(actions.shape[0], generator)
@@ -245,13 +281,13 @@ def _clip(model: torch.nn.Module, max_norm: float | None) -> float:
 
 def _restore(
     path: Path,
-    model: FlowModel,
+    model: Any,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     ema: EMA | None,
     sampler: EpochBatchSampler,
     generator: torch.Generator,
-    data: TrainData,
+    data: Any,
 ) -> tuple[int, float]:
     ckpt = load_checkpoint(path)
     state = ckpt.state
