@@ -108,3 +108,13 @@ def test_eval_ckpt_in_process(flow_ckpt: Path, tmp_path: Path) -> None:
     results = json.loads((tmp_path / "ev" / "results.json").read_text())
     assert results["totals"]["episodes"] == 2
     assert results["policy"]["kind"] == "checkpoint" and results["policy"]["metadata"]["type"] == "flow"
+
+
+def test_eval_pi05_ckpt_in_process(pi05_ckpt: Path, tmp_path: Path) -> None:
+    args = ["eval", "--ckpt", str(pi05_ckpt), "--tasks", "reach", "--episodes-per-task", "2", "--num-envs", "2",
+            "--image-size", "32", "--max-steps", "10", "--vector-mode", "sync", "--video-episodes", "0",
+            "--out", str(tmp_path / "ev")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert results["totals"]["episodes"] == 2 and results["policy"]["metadata"]["type"] == "pi05"
