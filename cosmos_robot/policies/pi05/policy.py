@@ -19,7 +19,6 @@ chunks whatever else shares the batch; ``noise=`` overrides it (parity checks, R
 
 from __future__ import annotations
 
-import difflib
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cosmos_robot.policies.lerobot_io import LeRobotIO
 from cosmos_robot.policies.pi05.checkpoint import (
     CONFIG_FILE,
     TOKENIZER_DIR,
@@ -44,15 +44,12 @@ from cosmos_robot.policies.pi05.checkpoint import (
 from cosmos_robot.policies.pi05.modeling import GraphedGenerate, Pi05Architecture, Pi05Model, PrefixCache
 from cosmos_robot.policies.registry import CheckpointError
 from cosmos_robot_client.base_policy import BatchPolicy
-from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
+from cosmos_robot_client.spec import InputSpec
 
 __all__ = ["Pi05Inputs", "Pi05Policy", "build_processors", "resize_with_pad"]
 
-STATE_KEY, TASK_KEY, ACTION_KEY = "observation.state", "task", "action"
+ACTION_KEY = "action"
 TOKENS_KEY, TOKEN_MASK_KEY = "observation.language.tokens", "observation.language.attention_mask"
-# openpi LIBERO clients name the cameras by role; LeRobot's LIBERO pi05 checkpoints call them image/image2
-_ROLE_ALIASES = {"image": ("observation/image",), "image2": ("observation/wrist_image",)}
-IGNORED_KEYS = frozenset({"observation/object_state", "session_id", "endpoint"})
 
 
 def resize_with_pad(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -143,12 +140,9 @@ class Pi05Policy(BatchPolicy):
         self.preprocessor, self.postprocessor, self.tokenizer = preprocessor, postprocessor, tokenizer
         self.serve_seed = serve_seed
         self.num_steps = int(num_steps or lerobot_config.num_inference_steps)
-        feats = lerobot_config.input_features
-        self.camera_keys = [k for k, f in feats.items() if _feature_type(f) == "VISUAL"]
-        self.state_dim = int(feats[STATE_KEY].shape[0]) if STATE_KEY in feats else 0
+        self.io = LeRobotIO(lerobot_config.input_features)
+        self.camera_keys, self.state_dim = self.io.camera_keys, self.io.state_dim
         self.action_dim = int(lerobot_config.output_features[ACTION_KEY].shape[0])
-        self.aliases = self._aliases()
-        self._spec = self._build_spec()
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if use_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, it is on {self.device}")
@@ -251,64 +245,20 @@ class Pi05Policy(BatchPolicy):
             "cameras": list(self.camera_keys),
             "image_resolution": list(cfg.image_resolution),
             "num_flow_steps": self.num_steps,
-            "expected_keys": {k: list(v) for k, v in self.aliases.items()},
+            "expected_keys": self.io.expected_keys,
         }
 
     @property
     def input_spec(self) -> InputSpec:
-        return self._spec
-
-    def _aliases(self) -> dict[str, tuple[str, ...]]:
-        out: dict[str, tuple[str, ...]] = {}
-        for key in self.camera_keys:
-            short = key.removeprefix("observation.images.")
-            out[key] = tuple(dict.fromkeys((key, f"observation/{short}", *_ROLE_ALIASES.get(short, ()))))
-        if self.state_dim:
-            out[STATE_KEY] = (STATE_KEY, "observation/state")
-        out[TASK_KEY] = (TASK_KEY, "prompt")
-        return out
-
-    def _build_spec(self) -> InputSpec:
-        fields: dict[str, ArraySpec | TextSpec] = {}
-        for key, names in self.aliases.items():
-            for name in names:
-                if key == TASK_KEY:
-                    fields[name] = TextSpec(optional=True, description="task instruction")
-                elif key == STATE_KEY:
-                    fields[name] = ArraySpec((self.state_dim,), "number", optional=True, description="robot state")
-                else:
-                    fields[name] = ArraySpec(
-                        (None, None, None), "number", optional=True, description=f"{key}: HxWx3 uint8 or 3xHxW float"
-                    )
-        return InputSpec(fields, allow_extra=False, ignored_keys=IGNORED_KEYS)
+        return self.io.spec
 
     def canonical(self, obs: Mapping[str, Any], index: int) -> dict[str, Any]:
-        """One observation under LeRobot's keys; every missing or doubled key is an error naming it."""
-        self._spec.validate(obs)
-        out: dict[str, Any] = {}
-        for key, names in self.aliases.items():
-            given = [n for n in names if n in obs]
-            if len(given) > 1:
-                raise ObservationError(
-                    given[1], f"observation {index}: {given[0]!r} and {given[1]!r} are the same input"
-                )
-            if not given:
-                close = difflib.get_close_matches(names[-1], [str(k) for k in obs], n=1)
-                hint = f" (got {close[0]!r}?)" if close else ""
-                raise ObservationError(names[0], f"observation {index}: missing; send one of {list(names)}{hint}")
-            out[key] = obs[given[0]]
-        return out
+        return self.io.canonical(obs, index)
 
     # --- the request path --------------------------------------------------------------------------
     def prepare(self, obs_batch: Sequence[Mapping[str, Any]]) -> Pi05Inputs:
         """Validate, rename, run LeRobot's preprocessor and build model inputs for a batch."""
-        items = [self.canonical(obs, i) for i, obs in enumerate(obs_batch)]
-        batch: dict[str, Any] = {TASK_KEY: [str(item[TASK_KEY]) for item in items]}
-        for key in self.camera_keys:
-            batch[key] = torch.stack([_image_tensor(item[key], key, i) for i, item in enumerate(items)])
-        if self.state_dim:
-            batch[STATE_KEY] = torch.from_numpy(np.stack([np.asarray(it[STATE_KEY], np.float32) for it in items]))
-        processed = self.preprocessor(batch)
+        processed = self.preprocessor(self.io.batch(obs_batch))
         size = self.arch.vision.image_size
         dtype = self.model.action_in_proj.weight.dtype
         images, masks = [], []
@@ -354,31 +304,6 @@ class Pi05Policy(BatchPolicy):
             start = self.serving_noise(inputs.batch_size) if noise is None else noise.to(self.device)
             actions = self.unnormalize(self.generate(inputs, start.float()))
         return [{"actions": chunk} for chunk in actions]
-
-
-def _feature_type(feature: Any) -> str:
-    kind = getattr(feature, "type", None)
-    return str(getattr(kind, "value", kind))
-
-
-def _image_tensor(value: Any, key: str, index: int) -> torch.Tensor:
-    """HxWx3 uint8 / 3xHxW float in [0, 1] -> (3, H, W) float32 in [0, 1]."""
-    arr = np.asarray(value)
-    if arr.ndim != 3 or 3 not in (arr.shape[0], arr.shape[-1]):
-        raise ObservationError(key, f"observation {index}: expected HxWx3 or 3xHxW, got shape {arr.shape}")
-    if arr.dtype == np.uint8:
-        t = torch.from_numpy(arr.astype(np.float32) / 255.0)
-    elif np.issubdtype(arr.dtype, np.floating):
-        t = torch.from_numpy(arr.astype(np.float32))
-        if t.numel() and (float(t.min()) < -1e-3 or float(t.max()) > 1.0 + 1e-3):
-            raise ObservationError(
-                key, f"observation {index}: float images must be in [0, 1], got [{t.min():.3g}, {t.max():.3g}]"
-            )
-    else:
-        raise ObservationError(key, f"observation {index}: expected uint8 or float, got {arr.dtype}")
-    if arr.shape[-1] == 3 and arr.shape[0] != 3:
-        t = t.permute(2, 0, 1)
-    return t.contiguous()
 
 
 def _dtype(value: str | torch.dtype) -> torch.dtype:
