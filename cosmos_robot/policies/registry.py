@@ -26,6 +26,7 @@ __all__ = ["FAMILIES", "CheckpointError", "detect_family", "load_policy_class", 
 FAMILIES: dict[str, str] = {
     "flow": "cosmos_robot.policies.flow.policy:FlowPolicy",
     "pi05": "cosmos_robot.policies.pi05.policy:Pi05Policy",
+    "groot": "cosmos_robot.policies.groot.policy:Gr00tPolicy",
 }
 
 

@@ -118,3 +118,25 @@ def test_eval_pi05_ckpt_in_process(pi05_ckpt: Path, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     results = json.loads((tmp_path / "ev" / "results.json").read_text())
     assert results["totals"]["episodes"] == 2 and results["policy"]["metadata"]["type"] == "pi05"
+
+
+def test_serve_groot_ckpt_answers_real_openpi_client(tmp_path: Path) -> None:
+    """A LeRobot GR00T N1.7 folder behind `serve --ckpt`: openpi's LIBERO keys in, an (8, 7) chunk out."""
+    from cosmos_robot.policies.groot.tiny import build_tiny_groot
+
+    folder = build_tiny_groot(tmp_path / "groot")
+    py = openpi_python()
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--ckpt", str(folder), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        ports = read_ready_line(proc)
+        out = subprocess.run([str(py), "-c", OPENPI_CLIENT, str(ports["ws"])], capture_output=True, text=True,
+                             timeout=120, check=True)  # fmt: skip
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got == {"shape": [8, 7], "dtype": "float32", "type": "groot", "horizon": 8, "finite": True}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0

@@ -1,0 +1,126 @@
+"""``Gr00tPolicy``: a LeRobot GR00T N1.7 checkpoint folder behind the ``BatchPolicy`` interface.
+
+The model and its processors are LeRobot's own (``GrootPolicy.from_pretrained`` and
+``make_pre_post_processors(config, pretrained_path=folder)``), so a folder fine-tuned with LeRobot
+answers here exactly as it does there. What this adds is the serving edge: openpi and LeRobot key
+names (``lerobot_io``), one batched ``predict_action_chunk`` per server batch, metadata that
+announces the chunk, the action space, the embodiment and the accepted keys, and loading errors
+that name the file or the missing base model.
+
+A LeRobot GR00T folder is not self-contained: its ``config.json`` names the base model
+(``base_model_path``: ``nvidia/GR00T-N1.7-3B`` or a local folder) that holds the architecture and
+the backbone's config and processor; offline that base must be a local folder or in the HF cache.
+Sampling draws the flow noise from a generator seeded per call (``serve_seed``), so the same batch
+of observations gives the same chunks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cosmos_robot.policies.lerobot_io import LeRobotIO
+from cosmos_robot.policies.registry import CheckpointError, read_json
+from cosmos_robot_client.base_policy import BatchPolicy
+from cosmos_robot_client.spec import InputSpec
+
+__all__ = ["Gr00tPolicy"]
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "policy_preprocessor.json", "policy_postprocessor.json")
+
+
+class Gr00tPolicy(BatchPolicy):
+    """Serve a GR00T N1.7 folder: ``infer_batch(list of obs) -> [{"actions": float32 (H, D)}]``."""
+
+    def __init__(self, policy: Any, preprocessor: Any, postprocessor: Any, serve_seed: int = 0) -> None:
+        self.policy = policy.eval()
+        self.preprocessor, self.postprocessor = preprocessor, postprocessor
+        self.serve_seed = serve_seed
+        cfg = policy.config
+        self.io = LeRobotIO(cfg.input_features)
+        self.action_dim = int(cfg.output_features["action"].shape[0])
+
+    @classmethod
+    def from_pretrained(cls, ckpt_dir: str | Path, device: str | torch.device = "cpu") -> Gr00tPolicy:
+        root = Path(ckpt_dir)
+        if not root.is_dir():
+            raise CheckpointError(f"{root}: not a checkpoint folder (does not exist or is a file)")
+        missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
+        if missing:
+            found = sorted(p.name for p in root.iterdir())[:12]
+            raise CheckpointError(
+                f"{root}: missing {', '.join(missing)} (a LeRobot GR00T folder holds {', '.join(REQUIRED_FILES)}; "
+                f"found {found or 'nothing'})"
+            )
+        raw = read_json(root / "config.json")
+        if raw.get("type") != "groot":
+            raise CheckpointError(f"{root / 'config.json'}: 'type' is {raw.get('type')!r}, expected 'groot'")
+        base = raw.get("base_model_path")
+        if isinstance(base, str) and (base.startswith(("/", ".", "~")) or os.sep in base and Path(base).exists()):
+            if not Path(base).expanduser().is_dir():
+                raise CheckpointError(
+                    f"{root / 'config.json'}: base_model_path {base!r} does not exist; a GR00T folder loads its "
+                    "base model (architecture, backbone config and processor) from there"
+                )
+        from lerobot.policies.factory import make_pre_post_processors
+        from lerobot.policies.groot import GrootPolicy
+
+        try:
+            policy = GrootPolicy.from_pretrained(str(root), local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1")
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise CheckpointError(f"{root}: LeRobot could not load this GR00T policy (base {base!r}): {exc}") from exc
+        policy.to(device)
+        policy.config.device = str(torch.device(device))
+        try:
+            pre, post = make_pre_post_processors(
+                policy.config,
+                pretrained_path=str(root),
+                preprocessor_overrides={"device_processor": {"device": str(torch.device(device))}},
+            )
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
+        return cls(policy, pre, post)
+
+    # --- BasePolicy ------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> dict[str, Any]:
+        cfg = self.policy.config
+        return {
+            "type": "groot",
+            "action_horizon": int(self.policy._action_queue_steps),
+            "chunk_size": int(cfg.chunk_size),
+            "action_dim": self.action_dim,
+            "action_space": {"dim": self.action_dim, "embodiment_tag": str(cfg.embodiment_tag)},
+            "state_dim": self.io.state_dim,
+            "cameras": list(self.io.camera_keys),
+            "expected_keys": self.io.expected_keys,
+        }
+
+    @property
+    def input_spec(self) -> InputSpec:
+        return self.io.spec
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def infer_batch(self, obs_batch: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        if not obs_batch:
+            return []
+        batch = self.io.batch(obs_batch)
+        with torch.inference_mode(), torch.random.fork_rng(devices=_devices(self.policy)):
+            torch.manual_seed(self.serve_seed)
+            processed = self.preprocessor(batch)
+            chunk = self.policy.predict_action_chunk(processed)
+            actions = self.postprocessor(chunk)
+        arr = np.asarray(actions.float().cpu().numpy(), dtype=np.float32)
+        return [{"actions": a} for a in arr]
+
+
+def _devices(policy: Any) -> list[int]:
+    dev = next(policy.parameters()).device
+    return [dev.index or 0] if dev.type == "cuda" else []

@@ -1,0 +1,71 @@
+"""The groot family: a tiny GR00T N1.7 built offline through LeRobot's own classes, served as a BatchPolicy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cosmos_robot.policies import CheckpointError, detect_family, load_policy
+from cosmos_robot.policies.groot.policy import Gr00tPolicy
+from cosmos_robot.policies.groot.tiny import build_tiny_groot
+from cosmos_robot_client.spec import ObservationError
+from tests.policies._pi05_helpers import libero_obs
+
+
+@pytest.fixture(scope="module")
+def groot_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_groot(tmp_path_factory.mktemp("groot"))
+
+
+@pytest.fixture(scope="module")
+def policy(groot_folder: Path) -> Gr00tPolicy:
+    p = load_policy(groot_folder)
+    assert isinstance(p, Gr00tPolicy)
+    return p
+
+
+def test_folder_is_lerobots_groot_layout(groot_folder: Path) -> None:
+    names = {p.name for p in groot_folder.iterdir()}
+    assert {"config.json", "model.safetensors", "policy_preprocessor.json", "policy_postprocessor.json"} <= names
+    config = json.loads((groot_folder / "config.json").read_text())
+    assert config["type"] == "groot" and Path(config["base_model_path"]).is_dir()
+    assert detect_family(groot_folder) == "groot"
+
+
+def test_chunks_have_the_right_shape_and_are_reproducible(policy: Gr00tPolicy) -> None:
+    a = policy.infer_batch([libero_obs(0), libero_obs(1)])
+    assert a[0]["actions"].shape == (8, 7) and a[0]["actions"].dtype == np.float32
+    assert np.isfinite(a[0]["actions"]).all()
+    again = policy.infer(libero_obs(0))["actions"]
+    np.testing.assert_allclose(again, a[0]["actions"], atol=1e-5)  # same observation, same chunk
+    assert np.abs(a[0]["actions"] - a[1]["actions"]).max() > 1e-4
+
+
+def test_metadata_and_bad_observations(policy: Gr00tPolicy) -> None:
+    meta = policy.metadata
+    assert meta["type"] == "groot" and meta["action_horizon"] == 8 and meta["action_dim"] == 7
+    assert meta["action_space"]["embodiment_tag"] == "libero_sim"
+    assert "observation/wrist_image" in meta["expected_keys"]["observation.images.wrist_image"]
+    obs = libero_obs(0)
+    del obs["prompt"]
+    with pytest.raises(ObservationError, match="task.*missing"):
+        policy.infer(obs)
+
+
+def test_bad_folders_are_named(groot_folder: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(groot_folder, bad)
+    (bad / "policy_preprocessor.json").unlink()
+    with pytest.raises(CheckpointError, match="missing policy_preprocessor.json"):
+        load_policy(bad)
+    bad2 = tmp_path / "bad2"
+    shutil.copytree(groot_folder, bad2)
+    config = json.loads((bad2 / "config.json").read_text())
+    config["base_model_path"] = str(tmp_path / "no_such_base")
+    (bad2 / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="base_model_path .* does not exist"):
+        load_policy(bad2)
