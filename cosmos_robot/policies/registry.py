@@ -27,6 +27,7 @@ FAMILIES: dict[str, str] = {
     "flow": "cosmos_robot.policies.flow.policy:FlowPolicy",
     "pi05": "cosmos_robot.policies.pi05.policy:Pi05Policy",
     "groot": "cosmos_robot.policies.groot.policy:Gr00tPolicy",
+    "cosmos3": "cosmos_robot.policies.cosmos3.policy:Cosmos3Policy",
 }
 
 

@@ -140,3 +140,43 @@ def test_serve_groot_ckpt_answers_real_openpi_client(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+OPENPI_DROID_CLIENT = """
+import json, sys, numpy as np
+from openpi_client.websocket_client_policy import WebsocketClientPolicy
+client = WebsocketClientPolicy("127.0.0.1", int(sys.argv[1]))
+meta = client.get_server_metadata()
+rng = np.random.default_rng(0)
+obs = {"observation/exterior_image_1_left": rng.integers(0, 256, (180, 320, 3), dtype=np.uint8),
+       "observation/exterior_image_2_left": rng.integers(0, 256, (180, 320, 3), dtype=np.uint8),
+       "observation/wrist_image_left": rng.integers(0, 256, (180, 320, 3), dtype=np.uint8),
+       "observation/joint_position": rng.standard_normal(7), "observation/gripper_position": np.array([0.0]),
+       "prompt": "put the marker in the cup"}
+a = client.infer(obs)["actions"]
+print(json.dumps({"shape": list(a.shape), "dtype": str(a.dtype), "type": meta.get("type"),
+                  "space": meta.get("action_space"), "finite": bool(np.isfinite(a).all())}))
+"""
+
+
+def test_serve_cosmos3_droid_ckpt_answers_real_openpi_droid_client(tmp_path: Path) -> None:
+    """A Cosmos3 diffusers folder with DROID conventions: openpi's DROID keys in, (32, 8) joint positions out."""
+    from cosmos_robot.policies.cosmos3.tiny import build_tiny_cosmos3
+
+    folder = build_tiny_cosmos3(tmp_path / "c3", "droid", {"resolution_tier": 256})
+    py = openpi_python()
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--ckpt", str(folder), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        ports = read_ready_line(proc)
+        out = subprocess.run([str(py), "-c", OPENPI_DROID_CLIENT, str(ports["ws"])], capture_output=True, text=True,
+                             timeout=120, check=True)  # fmt: skip
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got == {"shape": [32, 8], "dtype": "float32", "type": "cosmos3", "space": "joint_position",
+                       "finite": True}  # fmt: skip
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0

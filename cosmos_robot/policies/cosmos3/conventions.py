@@ -1,0 +1,179 @@
+"""cosmos-framework's policy conventions for Cosmos3 checkpoints: DROID (joint positions) and LIBERO.
+
+What turns a robot observation into the model's inputs and its output rows back into commands:
+
+- ``droid`` (Cosmos3-Nano/Edge-Policy-DROID, RoboLab / RoboArena / openpi DROID clients): the wrist
+  view on top, the two exterior views at half size side by side below, resized to 540x640 (aspect
+  ignored); the state row ``[q(7), 1 - g]``; chunk 32, 4 UniPC steps, guidance 3, shift 5, fps 15,
+  tier 480, domain 8; outputs ``[q(7), g]`` with the gripper flipped back (1 = closed), raw units;
+- ``libero``: third-person | wrist side by side (256x512), no state row; chunk 16, 30 steps,
+  guidance 1, shift 3 (tier 256), fps 20, domain 5; outputs 10-D frame-wise ``[dpos(3), rot6d(6), g]``
+  de-normalised from the stats file's ``global_raw`` q01/q99 (rot6d passes through), then converted
+  to LIBERO's 7-D command ``[dpos(3), axis-angle(3), g]``.
+
+Per-checkpoint overrides (``cosmos_robot_policy.json``'s ``settings``) change any sampling field,
+e.g. the Edge checkpoint's guidance interval ``[960, 1001]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from cosmos_robot.policies.cosmos3.sampler import SampleSettings
+
+__all__ = [
+    "DROID",
+    "EMBODIMENTS",
+    "LIBERO",
+    "Embodiment",
+    "axis_angle_to_matrix",
+    "droid_composite",
+    "libero_composite",
+    "matrix_to_axis_angle",
+    "matrix_to_rot6d",
+    "rot6d_to_matrix",
+]
+
+# cosmos-framework's RoboLab server appends this to the prompt's framing for the composite view
+CONCAT_VIEW_DESCRIPTION = (
+    "The top row is from the wrist-mounted camera. The bottom row contains two horizontally concatenated "
+    "third-person perspective views of the scene from opposite sides, with the robot visible."
+)
+
+
+@dataclass(frozen=True)
+class Embodiment:
+    name: str
+    settings: SampleSettings
+    uses_state: bool
+    action_dim: int  # what the policy returns per row
+    action_space: str
+
+
+DROID = Embodiment(
+    name="droid",
+    settings=SampleSettings(
+        chunk=32,
+        num_steps=4,
+        guidance=3.0,
+        shift=5.0,
+        domain_id=8,
+        raw_dim=8,
+        fps=15.0,
+        resolution_tier=480,
+        view_point="concat_view",
+        view_description=CONCAT_VIEW_DESCRIPTION,
+    ),
+    uses_state=True,
+    action_dim=8,
+    action_space="joint_position",
+)
+LIBERO = Embodiment(
+    name="libero",
+    settings=SampleSettings(
+        chunk=16,
+        num_steps=30,
+        guidance=1.0,
+        shift=3.0,
+        domain_id=5,
+        raw_dim=10,
+        fps=20.0,
+        resolution_tier=256,
+        view_point="concat_view",
+    ),
+    uses_state=False,
+    action_dim=7,
+    action_space="eef_delta_axis_angle",
+)
+EMBODIMENTS = {"droid": DROID, "libero": LIBERO}
+SETTING_FIELDS = frozenset(SampleSettings.__dataclass_fields__)
+
+
+def with_overrides(emb: Embodiment, overrides: dict[str, Any], where: str) -> Embodiment:
+    """``emb`` with some sampling fields replaced (each checked by name)."""
+    unknown = sorted(set(overrides) - SETTING_FIELDS)
+    if unknown:
+        raise ValueError(f"{where}: unknown settings {unknown} (known: {sorted(SETTING_FIELDS)})")
+    values = dict(overrides)
+    if values.get("guidance_interval") is not None:
+        lo, hi = values["guidance_interval"]
+        values["guidance_interval"] = (float(lo), float(hi))
+    return replace(emb, settings=replace(emb.settings, **values))
+
+
+# --- images ---------------------------------------------------------------------------------------
+def _chw(img: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None].float()
+
+
+def droid_composite(wrist: np.ndarray, ext1: np.ndarray, ext2: np.ndarray, out_hw: tuple[int, int] = (540, 640)):
+    """Wrist view on top, both exteriors at half size side by side below, resized to ``out_hw``."""
+    w = _chw(wrist)
+    h, wd = w.shape[-2:]
+    e1 = F.interpolate(_chw(ext1), size=(h // 2, wd // 2), mode="bilinear", align_corners=False)
+    e2 = F.interpolate(_chw(ext2), size=(h // 2, wd - wd // 2), mode="bilinear", align_corners=False)
+    comp = torch.cat([w, torch.cat([e1, e2], dim=-1)], dim=-2)
+    comp = F.interpolate(comp, size=out_hw, mode="bilinear", align_corners=False)
+    return comp[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def libero_composite(third: np.ndarray, wrist: np.ndarray, side: int = 256) -> np.ndarray:
+    """Third-person | wrist, each resized to ``side`` x ``side`` (256x512 for cosmos-framework's LIBERO)."""
+    a = F.interpolate(_chw(third), size=(side, side), mode="bilinear", align_corners=False)
+    b = F.interpolate(_chw(wrist), size=(side, side), mode="bilinear", align_corners=False)
+    return torch.cat([a, b], dim=-1)[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+# --- rotations (the LIBERO 10-D action) -----------------------------------------------------------
+def rot6d_to_matrix(r6: np.ndarray) -> np.ndarray:
+    """(..., 6) = the first two columns of R -> (..., 3, 3), as cosmos-framework decodes it: the third
+    column is their cross product, then the matrix is projected onto SO(3) by SVD (det fixed to +1)."""
+    r6 = np.asarray(r6, dtype=np.float64)
+    c0, c1 = r6[..., 0:3], r6[..., 3:6]
+    m = np.stack([c0, c1, np.cross(c0, c1)], axis=-1)
+    u, _, vt = np.linalg.svd(m)
+    det = np.linalg.det(u @ vt)
+    u[..., :, 2] *= np.where(det < 0, -1.0, 1.0)[..., None]
+    return u @ vt
+
+
+def matrix_to_rot6d(m: np.ndarray) -> np.ndarray:
+    """(..., 3, 3) -> (..., 6) ``[R00, R10, R20, R01, R11, R21]``."""
+    m = np.asarray(m, dtype=np.float64)
+    return np.concatenate([m[..., :, 0], m[..., :, 1]], axis=-1)
+
+
+def matrix_to_axis_angle(m: np.ndarray) -> np.ndarray:
+    from scipy.spatial.transform import Rotation
+
+    m = np.asarray(m, dtype=np.float64)
+    return Rotation.from_matrix(m.reshape(-1, 3, 3)).as_rotvec().reshape(*m.shape[:-2], 3)
+
+
+def axis_angle_to_matrix(v: np.ndarray) -> np.ndarray:
+    from scipy.spatial.transform import Rotation
+
+    v = np.asarray(v, dtype=np.float64)
+    return Rotation.from_rotvec(v.reshape(-1, 3)).as_matrix().reshape(*v.shape[:-1], 3, 3)
+
+
+def libero_command(rows: np.ndarray, q01: np.ndarray, q99: np.ndarray) -> np.ndarray:
+    """(H, 10) model rows -> (H, 7) LIBERO OSC command ``[dpos(3), drotvec(3), gripper]``.
+
+    Quantile de-normalisation ``(x + 1) / 2 (q99 - q01) + q01`` of the translation and gripper
+    (rot6d dims pass through, as in cosmos-framework's ``quantile_rot``); rot6d -> rotation vector;
+    the gripper g in [0, 1] becomes LIBERO's command ``1 - 2g`` in [-1, 1] (cosmos-framework's
+    ``zero_one`` gripper mode: +1 opens, -1 closes).
+    """
+    x = np.asarray(rows, dtype=np.float64)
+    q01, q99 = np.asarray(q01, np.float64), np.asarray(q99, np.float64)
+    scaled = (x + 1.0) / 2.0 * np.maximum(q99 - q01, 1e-6) + q01
+    dpos, grip = scaled[:, 0:3], scaled[:, 9]
+    rotvec = matrix_to_axis_angle(rot6d_to_matrix(x[:, 3:9]))
+    gripper = np.clip(1.0 - 2.0 * grip, -1.0, 1.0)[:, None]
+    return np.concatenate([dpos, rotvec, gripper], axis=1).astype(np.float32)

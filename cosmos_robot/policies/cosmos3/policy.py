@@ -1,0 +1,212 @@
+"""``Cosmos3Policy``: a Cosmos3 diffusers pipeline folder behind the ``BatchPolicy`` interface.
+
+The folder is what diffusers writes (``model_index.json``, ``transformer/``, ``vae/``,
+``scheduler/``, ``text_tokenizer/``); ``Cosmos3OmniPipeline.from_pretrained`` loads it. Which
+cosmos-framework conventions apply (``conventions.DROID`` or ``LIBERO``) comes from
+``cosmos_robot_policy.json`` (``{"embodiment": "droid"|"libero", "settings": {...},
+"stats_file": ...}``) or, for cosmos-framework exports, ``checkpoint.json``'s
+``policy.domain_name``. LIBERO needs its action stats file (the ``global_raw`` q01/q99).
+
+Requests, per embodiment (openpi / RoboArena / RoboLab DROID keys; openpi LIBERO keys):
+
+- droid: ``observation/exterior_image_1_left``, ``observation/exterior_image_2_left``,
+  ``observation/wrist_image_left`` (HxWx3 uint8), ``observation/joint_position`` (7),
+  ``observation/gripper_position`` (1, 0 open .. 1 closed), ``prompt`` -> ``actions`` (32, 8):
+  absolute joint positions + gripper (1 = closed);
+- libero: ``observation/image``, ``observation/wrist_image``, ``prompt`` (``observation/state`` is
+  accepted and unused) -> ``actions`` (16, 7): ``[dpos, drotvec, gripper in -1..1]``.
+
+Each observation is one transformer sequence (the model packs no batch), so ``infer_batch`` runs
+them one after another; the sampling seed is ``serve_seed`` for every request (deterministic).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cosmos_robot.policies.cosmos3.conventions import (
+    EMBODIMENTS,
+    Embodiment,
+    droid_composite,
+    libero_command,
+    libero_composite,
+    with_overrides,
+)
+from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
+from cosmos_robot.policies.registry import CheckpointError, read_json
+from cosmos_robot_client.base_policy import BatchPolicy
+from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
+
+__all__ = ["POLICY_FILE", "Cosmos3Policy"]
+
+POLICY_FILE = "cosmos_robot_policy.json"
+_DOMAINS = {"droid_lerobot": "droid", "droid": "droid", "libero": "libero"}
+_IGNORED = frozenset({"session_id", "endpoint", "observation/object_state", "observation/cartesian_position"})
+
+
+def _spec(embodiment: Embodiment) -> InputSpec:
+    img = ArraySpec((None, None, 3), "uint8")
+    if embodiment.name == "droid":
+        fields: dict[str, ArraySpec | TextSpec] = {
+            "observation/exterior_image_1_left": img,
+            "observation/exterior_image_2_left": img,
+            "observation/wrist_image_left": img,
+            "observation/joint_position": ArraySpec((7,), "number"),
+            "observation/gripper_position": ArraySpec((None,), "number"),
+            "prompt": TextSpec(),
+        }
+    else:
+        fields = {
+            "observation/image": img,
+            "observation/wrist_image": img,
+            "observation/state": ArraySpec((None,), "number", optional=True, description="accepted, unused"),
+            "prompt": TextSpec(),
+        }
+    return InputSpec(fields, allow_extra=False, ignored_keys=_IGNORED)
+
+
+class Cosmos3Policy(BatchPolicy):
+    """Serve a Cosmos3 action-policy pipeline with cosmos-framework's conventions."""
+
+    def __init__(
+        self, pipe: Any, embodiment: Embodiment, stats: Mapping[str, np.ndarray] | None = None, serve_seed: int = 0
+    ) -> None:
+        if embodiment.name == "libero" and stats is None:
+            raise ValueError("the libero conventions need the action stats (q01/q99 of the 10-D actions)")
+        self.pipe, self.embodiment, self.stats, self.serve_seed = pipe, embodiment, stats, serve_seed
+        self.sampler = Cosmos3Sampler(pipe)
+        self._spec = _spec(embodiment)
+
+    @classmethod
+    def from_pretrained(cls, ckpt_dir: str | Path, device: str = "cpu") -> Cosmos3Policy:
+        root = Path(ckpt_dir)
+        index = read_json(root / "model_index.json")
+        missing = [
+            name
+            for name in ("transformer", "vae", "scheduler", "text_tokenizer")
+            if name in index and not (root / name).is_dir()
+        ]
+        if missing:
+            raise CheckpointError(f"{root}: model_index.json names {missing} but the folder lacks those subfolders")
+        embodiment, stats = _conventions(root)
+        from diffusers import Cosmos3OmniPipeline
+
+        try:
+            pipe = Cosmos3OmniPipeline.from_pretrained(str(root), enable_safety_checker=False)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{root}: diffusers could not load the Cosmos3 pipeline: {exc}") from exc
+        if not getattr(pipe.transformer.config, "action_gen", False):
+            raise CheckpointError(f"{root}/transformer: action_gen is false: this checkpoint generates no actions")
+        pipe.to(device)
+        pipe.set_progress_bar_config(disable=True)
+        return cls(pipe, embodiment, stats)
+
+    # --- BasePolicy ------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> dict[str, Any]:
+        s = self.embodiment.settings
+        meta: dict[str, Any] = {
+            "type": "cosmos3",
+            "embodiment": self.embodiment.name,
+            "action_horizon": s.chunk,
+            "action_dim": self.embodiment.action_dim,
+            "action_space": self.embodiment.action_space,
+            "num_flow_steps": s.num_steps,
+            "guidance": s.guidance,
+            "expected_keys": sorted(self._spec.fields),
+        }
+        if self.embodiment.name == "droid":  # RoboArena's PolicyServerConfig fields
+            meta.update(
+                image_resolution=None,
+                needs_wrist_camera=True,
+                n_external_cameras=2,
+                needs_stereo_camera=False,
+                needs_session_id=False,
+            )
+        return meta
+
+    @property
+    def input_spec(self) -> InputSpec:
+        return self._spec
+
+    def _check(self, obs: Mapping[str, Any], index: int) -> None:
+        missing = [k for k, f in self._spec.fields.items() if not getattr(f, "optional", False) and k not in obs]
+        if missing:
+            close = difflib.get_close_matches(missing[0], [str(k) for k in obs], n=1)
+            hint = f" (got {close[0]!r}?)" if close else ""
+            raise ObservationError(
+                missing[0], f"observation {index}: missing for the {self.embodiment.name} conventions{hint}"
+            )
+        self._spec.validate(obs)
+
+    def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for i, obs in enumerate(obs_batch):
+            self._check(obs, i)
+            out.append({"actions": self._one(obs)})
+        return out
+
+    def _one(self, obs: Mapping[str, Any]) -> np.ndarray:
+        s = self.embodiment.settings
+        if self.embodiment.name == "droid":
+            image = droid_composite(
+                np.asarray(obs["observation/wrist_image_left"]),
+                np.asarray(obs["observation/exterior_image_1_left"]),
+                np.asarray(obs["observation/exterior_image_2_left"]),
+            )
+            q = np.asarray(obs["observation/joint_position"], np.float32).reshape(7)
+            g = float(np.asarray(obs["observation/gripper_position"], np.float32).reshape(-1)[-1])
+            state = np.concatenate([q, [1.0 - g]]).astype(np.float32)  # the model's gripper is flipped
+            rows, _ = self.sampler.sample(image, str(obs["prompt"]), s, state, self.serve_seed)
+            rows = rows.copy()
+            rows[:, 7] = 1.0 - rows[:, 7]
+            return rows.astype(np.float32)
+        image = libero_composite(np.asarray(obs["observation/image"]), np.asarray(obs["observation/wrist_image"]))
+        rows, _ = self.sampler.sample(image, str(obs["prompt"]), s, None, self.serve_seed)
+        assert self.stats is not None
+        return libero_command(rows, self.stats["q01"], self.stats["q99"])
+
+
+def _conventions(root: Path) -> tuple[Embodiment, dict[str, np.ndarray] | None]:
+    """The embodiment (+ overrides) and LIBERO stats of a folder; every gap is a named error."""
+    policy_file, ckpt_file = root / POLICY_FILE, root / "checkpoint.json"
+    if policy_file.is_file():
+        cfg = read_json(policy_file)
+        name = cfg.get("embodiment")
+        where = str(policy_file)
+    elif ckpt_file.is_file():
+        domain = (read_json(ckpt_file).get("policy") or {}).get("domain_name")
+        name, cfg, where = _DOMAINS.get(str(domain)), {}, f"{ckpt_file} (policy.domain_name {domain!r})"
+    else:
+        raise CheckpointError(
+            f"{root}: a Cosmos3 pipeline folder, but which policy conventions apply is not recorded: add {POLICY_FILE} "
+            f'with {{"embodiment": "droid"}} or {{"embodiment": "libero", "stats_file": "..."}}'
+        )
+    if name not in EMBODIMENTS:
+        raise CheckpointError(f"{where}: embodiment {name!r} is not one of {sorted(EMBODIMENTS)}")
+    try:
+        emb = with_overrides(EMBODIMENTS[name], dict(cfg.get("settings") or {}), where)
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(str(exc)) from exc
+    if emb.name != "libero":
+        return emb, None
+    stats_name = cfg.get("stats_file", "libero_native_frame_wise_relative_rot6d.json")
+    stats_path = root / stats_name
+    if not stats_path.is_file():
+        raise CheckpointError(
+            f"{root}: the libero conventions de-normalise actions with {stats_name} (cosmos-framework's "
+            "normalizer stats, key 'global_raw'); it is missing"
+        )
+    data = read_json(stats_path)
+    raw = data.get("global_raw")
+    if not isinstance(raw, dict) or "q01" not in raw or "q99" not in raw:
+        raise CheckpointError(f"{stats_path}: expected a 'global_raw' table with q01 and q99")
+    q01, q99 = np.asarray(raw["q01"], np.float64), np.asarray(raw["q99"], np.float64)
+    if q01.shape != (10,) or q99.shape != (10,):
+        raise CheckpointError(f"{stats_path}: global_raw q01/q99 must have 10 values, got {q01.shape} / {q99.shape}")
+    return emb, {"q01": q01, "q99": q99}
