@@ -70,6 +70,13 @@ def serve(
     ] = None,
     max_message_mb: Annotated[float, typer.Option(help="Refuse requests larger than this many MiB.")] = 64.0,
     enable_kill: Annotated[bool, typer.Option(help="Allow GR00T clients to stop the server with `kill`.")] = False,
+    groot_layout: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Also accept GR00T's flat video.*/state.*/annotation.* observations of this embodiment "
+            "(libero), batch axis on the wire, answered as action.* keys."
+        ),  # fmt: skip
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Python logging level.")] = "INFO",
 ) -> None:
     """Serve a policy to openpi, GR00T and cosmos-framework clients.
@@ -109,6 +116,12 @@ def serve(
             pol = load_checkpoint(ckpt)
         else:
             pol = load_policy(str(policy), parse_policy_args(policy_arg or []))
+        if groot_layout is not None:
+            from cosmos_robot.policies.groot_layout import LAYOUTS, Gr00tLayoutPolicy
+
+            if groot_layout not in LAYOUTS:
+                raise ValueError(f"--groot-layout {groot_layout!r} is not one of {sorted(LAYOUTS)}")
+            pol = Gr00tLayoutPolicy(pol, LAYOUTS[groot_layout])
     except (PolicyLoadError, ValueError) as exc:  # CheckpointError is a ValueError too
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
