@@ -21,7 +21,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAMILIES", "CheckpointError", "detect_family", "load_policy_class", "read_json", "register_family"]
+__all__ = [
+    "FAMILIES",
+    "CheckpointError",
+    "detect_family",
+    "load_policy_class",
+    "read_json",
+    "register_family",
+    "require_files",
+]
 
 FAMILIES: dict[str, str] = {
     "flow": "cosmos_robot.policies.flow.policy:FlowPolicy",
@@ -51,6 +59,19 @@ def read_json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def require_files(root: Path, names: tuple[str, ...], what: str, note: str = "") -> None:
+    """``root`` is a folder holding ``names``; else a ``CheckpointError`` listing what is missing and found."""
+    if not root.is_dir():
+        raise CheckpointError(f"{root}: not a checkpoint folder (does not exist or is a file)")
+    missing = [name for name in names if not (root / name).is_file()]
+    if missing:
+        found = sorted(p.name for p in root.iterdir())[:12]
+        raise CheckpointError(
+            f"{root}: missing {', '.join(missing)} (a {what} folder holds {', '.join(names)}{note}; "
+            f"found {found or 'nothing'})"
+        )
 
 
 def detect_family(ckpt_dir: str | Path) -> str:

@@ -35,6 +35,23 @@ print(json.dumps({"shape": list(a.shape), "dtype": str(a.dtype), "type": meta.ge
 """
 
 
+def serve_and_ask(folder: Path, client_code: str, *extra: str) -> dict:
+    """`cosmos-robot serve --ckpt folder` in a subprocess, one request from openpi's own client in .venv-openpi."""
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--ckpt", str(folder), "--port", "0", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+        ports = read_ready_line(proc)
+        out = subprocess.run([str(openpi_python()), "-c", client_code, str(ports["ws"])], capture_output=True,
+                             text=True, timeout=120, check=True)  # fmt: skip
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+
+
 @pytest.fixture(scope="module")
 def flow_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     config = tiny_config(horizon=6)
@@ -44,21 +61,8 @@ def flow_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_serve_ckpt_answers_real_openpi_client(flow_ckpt: Path) -> None:
-    py = openpi_python()
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--ckpt", str(flow_ckpt), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    try:
-        ports = read_ready_line(proc)
-        out = subprocess.run([str(py), "-c", OPENPI_CLIENT, str(ports["ws"])], capture_output=True, text=True,
-                             timeout=120, check=True)  # fmt: skip
-        got = json.loads(out.stdout.strip().splitlines()[-1])
-        assert got == {"shape": [6, 7], "dtype": "float32", "type": "flow", "horizon": 6, "finite": True}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+    got = serve_and_ask(flow_ckpt, OPENPI_CLIENT)
+    assert got == {"shape": [6, 7], "dtype": "float32", "type": "flow", "horizon": 6, "finite": True}
 
 
 @pytest.fixture(scope="module")
@@ -70,21 +74,8 @@ def pi05_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_serve_pi05_ckpt_answers_real_openpi_client(pi05_ckpt: Path) -> None:
     """A LeRobot pi05 folder behind `serve --ckpt`: openpi's LIBERO keys in, a (5, 7) chunk out."""
-    py = openpi_python()
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--ckpt", str(pi05_ckpt), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    try:
-        ports = read_ready_line(proc)
-        out = subprocess.run([str(py), "-c", OPENPI_CLIENT, str(ports["ws"])], capture_output=True, text=True,
-                             timeout=120, check=True)  # fmt: skip
-        got = json.loads(out.stdout.strip().splitlines()[-1])
-        assert got == {"shape": [5, 7], "dtype": "float32", "type": "pi05", "horizon": 5, "finite": True}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+    got = serve_and_ask(pi05_ckpt, OPENPI_CLIENT)
+    assert got == {"shape": [5, 7], "dtype": "float32", "type": "pi05", "horizon": 5, "finite": True}
 
 
 def test_serve_ckpt_bad_folder_is_a_clear_error(tmp_path: Path) -> None:
@@ -125,21 +116,8 @@ def test_serve_groot_ckpt_answers_real_openpi_client(tmp_path: Path) -> None:
     from cosmos_robot.policies.groot.tiny import build_tiny_groot
 
     folder = build_tiny_groot(tmp_path / "groot")
-    py = openpi_python()
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--ckpt", str(folder), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    try:
-        ports = read_ready_line(proc)
-        out = subprocess.run([str(py), "-c", OPENPI_CLIENT, str(ports["ws"])], capture_output=True, text=True,
-                             timeout=120, check=True)  # fmt: skip
-        got = json.loads(out.stdout.strip().splitlines()[-1])
-        assert got == {"shape": [8, 7], "dtype": "float32", "type": "groot", "horizon": 8, "finite": True}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+    got = serve_and_ask(folder, OPENPI_CLIENT)
+    assert got == {"shape": [8, 7], "dtype": "float32", "type": "groot", "horizon": 8, "finite": True}
 
 
 OPENPI_DROID_CLIENT = """
@@ -164,19 +142,6 @@ def test_serve_cosmos3_droid_ckpt_answers_real_openpi_droid_client(tmp_path: Pat
     from cosmos_robot.policies.cosmos3.tiny import build_tiny_cosmos3
 
     folder = build_tiny_cosmos3(tmp_path / "c3", "droid", {"resolution_tier": 256})
-    py = openpi_python()
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--ckpt", str(folder), "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    try:
-        ports = read_ready_line(proc)
-        out = subprocess.run([str(py), "-c", OPENPI_DROID_CLIENT, str(ports["ws"])], capture_output=True, text=True,
-                             timeout=120, check=True)  # fmt: skip
-        got = json.loads(out.stdout.strip().splitlines()[-1])
-        assert got == {"shape": [32, 8], "dtype": "float32", "type": "cosmos3", "space": "joint_position",
+    got = serve_and_ask(folder, OPENPI_DROID_CLIENT)
+    assert got == {"shape": [32, 8], "dtype": "float32", "type": "cosmos3", "space": "joint_position",
                        "finite": True}  # fmt: skip
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from cosmos_robot.policies.lerobot_io import LeRobotIO
-from cosmos_robot.policies.registry import CheckpointError, read_json
+from cosmos_robot.policies.registry import CheckpointError, read_json, require_files
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import InputSpec
 
@@ -48,15 +48,7 @@ class Gr00tPolicy(BatchPolicy):
     @classmethod
     def from_pretrained(cls, ckpt_dir: str | Path, device: str | torch.device = "cpu") -> Gr00tPolicy:
         root = Path(ckpt_dir)
-        if not root.is_dir():
-            raise CheckpointError(f"{root}: not a checkpoint folder (does not exist or is a file)")
-        missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
-        if missing:
-            found = sorted(p.name for p in root.iterdir())[:12]
-            raise CheckpointError(
-                f"{root}: missing {', '.join(missing)} (a LeRobot GR00T folder holds {', '.join(REQUIRED_FILES)}; "
-                f"found {found or 'nothing'})"
-            )
+        require_files(root, REQUIRED_FILES, "LeRobot GR00T")
         raw = read_json(root / "config.json")
         if raw.get("type") != "groot":
             raise CheckpointError(f"{root / 'config.json'}: 'type' is {raw.get('type')!r}, expected 'groot'")

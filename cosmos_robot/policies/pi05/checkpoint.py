@@ -33,7 +33,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from cosmos_robot.policies.pi05.modeling import VARIANTS, Pi05Architecture, Pi05Model, VisionSpec
-from cosmos_robot.policies.registry import CheckpointError, read_json
+from cosmos_robot.policies.registry import CheckpointError, read_json, require_files
 
 __all__ = [
     "ARCH_FILE",
@@ -60,15 +60,7 @@ _RENAMES = (("action_time_mlp_in.", "time_mlp_in."), ("action_time_mlp_out.", "t
 
 def check_folder(root: Path) -> None:
     """The folder exists and holds LeRobot's four pi05 files."""
-    if not root.is_dir():
-        raise CheckpointError(f"{root}: not a checkpoint folder (does not exist or is a file)")
-    missing = [name for name in REQUIRED_FILES if not (root / name).is_file()]
-    if missing:
-        found = sorted(p.name for p in root.iterdir())[:12]
-        raise CheckpointError(
-            f"{root}: missing {', '.join(missing)} (a LeRobot pi05 folder holds {', '.join(REQUIRED_FILES)} and the "
-            f"processors' .safetensors stats; found {found or 'nothing'})"
-        )
+    require_files(root, REQUIRED_FILES, "LeRobot pi05", " and the processors' .safetensors stats")
 
 
 def read_config(root: Path) -> dict[str, Any]:

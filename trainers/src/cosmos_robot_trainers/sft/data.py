@@ -25,7 +25,7 @@ from cosmos_robot.normalize import FeatureStats
 from cosmos_robot.policies.flow import FlowConfig, encode_prompts
 from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig
 
-__all__ = ["TrainData", "augment_images", "ensure_dataset", "load_train_data"]
+__all__ = ["TrainData", "augment_images", "ensure_dataset", "load_train_data", "task_weights"]
 
 
 def ensure_dataset(cfg: DataConfig, log: Callable[[str], None] = print) -> dict[str, Any] | None:
@@ -74,11 +74,7 @@ class TrainData:
         return int(self.state.shape[0])
 
     def sample_weights(self, weighting: str) -> np.ndarray | None:
-        """Per-sample weights for the sampler: None (uniform over frames) or equal mass per instruction."""
-        if weighting == "frames":
-            return None
-        _, inverse, counts = np.unique(np.asarray(self.prompts), return_inverse=True, return_counts=True)
-        return np.asarray(1.0 / counts[inverse], dtype=np.float64)
+        return task_weights(self.prompts, weighting)
 
     def fingerprint(self) -> dict[str, Any]:
         """What a resumed run checks: the same samples in the same order."""
@@ -105,6 +101,14 @@ class TrainData:
             "text_ids": ids,
             "text_offsets": offsets,
         }
+
+
+def task_weights(prompts: list[str], weighting: str) -> np.ndarray | None:
+    """Per-sample weights for the sampler: None (uniform over frames) or equal mass per instruction."""
+    if weighting == "frames":
+        return None
+    _, inverse, counts = np.unique(np.asarray(prompts), return_inverse=True, return_counts=True)
+    return np.asarray(1.0 / counts[inverse], dtype=np.float64)
 
 
 def augment_images(images: torch.Tensor, cfg: AugmentConfig, generator: torch.Generator) -> torch.Tensor:

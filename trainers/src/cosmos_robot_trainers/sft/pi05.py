@@ -26,7 +26,7 @@ from cosmos_robot.normalize import FeatureStats
 from cosmos_robot.policies.pi05.modeling import Pi05Model
 from cosmos_robot.policies.pi05.policy import Pi05Policy, build_processors
 from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig
-from cosmos_robot_trainers.sft.data import _first_episodes_per_task, augment_images
+from cosmos_robot_trainers.sft.data import _first_episodes_per_task, augment_images, task_weights
 
 __all__ = ["Pi05SFTModel", "Pi05TrainData", "build_pi05_policy", "load_pi05_train_data"]
 
@@ -78,10 +78,7 @@ class Pi05TrainData:
         return int(self.tokens.shape[0])
 
     def sample_weights(self, weighting: str) -> np.ndarray | None:
-        if weighting == "frames":
-            return None
-        _, inverse, counts = np.unique(np.asarray(self.prompts), return_inverse=True, return_counts=True)
-        return np.asarray(1.0 / counts[inverse], dtype=np.float64)
+        return task_weights(self.prompts, weighting)
 
     def fingerprint(self) -> dict[str, Any]:
         return {
