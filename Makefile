@@ -86,6 +86,9 @@ bench: setup
 	$(PY) benchmarks/envs_render.py
 	$(PY) benchmarks/envs_vector.py --envs cheap image tabletop tabletop-state
 	$(PY) benchmarks/envs_eval.py
+	$(PY) benchmarks/parity_pi05.py --size tiny
+	$(PY) benchmarks/cosmos3_latency.py --tier 480 --iters 3
+	@echo "GPU benchmarks (device machine): benchmarks/pi05_latency.py --device cuda --dtype bfloat16 (see docs/benchmarks.md)"
 
 clean:
 	rm -rf $(VENV) .venv-openpi .venv-py310 .pytest_cache .mypy_cache .ruff_cache

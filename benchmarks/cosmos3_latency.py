@@ -1,0 +1,129 @@
+"""Cosmos3 action-chunk latency: diffusers' ``Cosmos3OmniPipeline`` (the reference path) vs our loop, one run.
+
+Both run the same transformer, VAE and scheduler on the same image, prompt and seed:
+
+- ``stock``: ``pipe(prompt, action=CosmosActionCondition(mode="policy", ...), output_type="latent")``:
+  it VAE-encodes all chunk + 1 frames of the conditioning video and has no state row;
+- ``ours_stateless``: ``Cosmos3Sampler`` without a state row, the same sequence plan (the report
+  checks the actions are identical), encoding only frame 0;
+- ``ours_droid``: cosmos-framework's DROID plan (state row, composite view description), what
+  ``serve --ckpt`` runs for a DROID checkpoint;
+- ``ours_droid_interval``: the same with the Edge guidance interval (960, 1001).
+
+    .venv/bin/python benchmarks/cosmos3_latency.py --tier 480 --iters 3                  # tiny random model, CPU
+    python benchmarks/cosmos3_latency.py --folder /path/to/Cosmos3-Nano-Policy-DROID --device cuda --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import torch
+
+
+def timed(fn, iters: int, device: str) -> tuple[dict[str, float], object]:
+    out = fn()  # warm-up
+    times = []
+    for _ in range(iters):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = fn()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"p50_ms": round(float(np.percentile(times, 50)), 1), "max_ms": round(float(max(times)), 1)}, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--folder", type=Path, default=None, help="a Cosmos3 pipeline folder (default: tiny random)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--tier", type=int, default=480)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    from diffusers import Cosmos3OmniPipeline, CosmosActionCondition
+
+    from cosmos_robot.policies.cosmos3.conventions import DROID, droid_composite
+    from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
+    from cosmos_robot.policies.cosmos3.tiny import build_tiny_pipeline
+
+    torch_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    if args.folder is None:
+        pipe = build_tiny_pipeline(seed=0)
+    else:
+        pipe = Cosmos3OmniPipeline.from_pretrained(str(args.folder), enable_safety_checker=False, torch_dtype=torch_dtype)
+    pipe.to(args.device)
+    pipe.set_progress_bar_config(disable=True)
+    rng = np.random.default_rng(0)
+    cams = [rng.integers(0, 256, (360, 640, 3), dtype=np.uint8) for _ in range(3)]
+    image = droid_composite(*cams)  # 540 x 640, as cosmos-framework's DROID server composes it
+    prompt = "put the marker in the cup"
+    s = replace(DROID.settings, resolution_tier=args.tier)
+    stateless = replace(s, raw_dim=10, view_description=None, reimpose_clean=False)
+    sampler = Cosmos3Sampler(pipe)
+    state = rng.normal(size=8).astype(np.float32)
+
+    def stock():
+        return pipe(
+            prompt=prompt,
+            action=CosmosActionCondition(
+                mode="policy", chunk_size=s.chunk, domain_name="droid_lerobot", resolution_tier=args.tier,
+                image=image, view_point="concat_view",
+            ),  # fmt: skip
+            fps=s.fps,
+            num_inference_steps=s.num_steps,
+            guidance_scale=s.guidance,
+            generator=torch.Generator().manual_seed(5),
+            output_type="latent",
+        ).action[0]
+
+    rows: dict[str, object] = {}
+    rows["stock"], ref = timed(stock, args.iters, args.device)
+    rows["ours_stateless"], (ours, info) = timed(
+        lambda: sampler.sample(image, prompt, stateless, None, seed=5), args.iters, args.device
+    )
+    rows["ours_droid"], (_, info_d) = timed(lambda: sampler.sample(image, prompt, s, state, 5), args.iters, args.device)
+    interval = replace(s, guidance_interval=(960.0, 1001.0))
+    rows["ours_droid_interval"], (_, info_i) = timed(
+        lambda: sampler.sample(image, prompt, interval, state, 5), args.iters, args.device
+    )
+    report = {
+        "model": str(args.folder or "tiny random (0.3 M parameters)"),
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "threads": torch.get_num_threads(),
+        "tier": args.tier,
+        "canvas": list(info["canvas"]),
+        "chunk": s.chunk,
+        "steps": s.num_steps,
+        "guidance": s.guidance,
+        "seq_len": {"stateless": info["seq_len"], "droid": info_d["seq_len"]},
+        "transformer_calls": {"droid": info_d["transformer_calls"], "droid_interval": info_i["transformer_calls"]},
+        "stateless_equals_stock": bool(np.array_equal(ours, ref.float().cpu().numpy())),  # type: ignore[attr-defined]
+        "latency": rows,
+    }
+    stock_ms = rows["stock"]["p50_ms"]  # type: ignore[index]
+    report["speedup_vs_stock"] = {
+        k: round(stock_ms / v["p50_ms"], 2) for k, v in rows.items() if k != "stock"  # type: ignore[index]
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
