@@ -64,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.folder is None:
         pipe = build_tiny_pipeline(seed=0)
     else:
-        pipe = Cosmos3OmniPipeline.from_pretrained(str(args.folder), enable_safety_checker=False, torch_dtype=torch_dtype)
+        pipe = Cosmos3OmniPipeline.from_pretrained(
+            str(args.folder), enable_safety_checker=False, torch_dtype=torch_dtype
+        )
     pipe.to(args.device)
     pipe.set_progress_bar_config(disable=True)
     rng = np.random.default_rng(0)
@@ -80,8 +82,12 @@ def main(argv: list[str] | None = None) -> int:
         return pipe(
             prompt=prompt,
             action=CosmosActionCondition(
-                mode="policy", chunk_size=s.chunk, domain_name="droid_lerobot", resolution_tier=args.tier,
-                image=image, view_point="concat_view",
+                mode="policy",
+                chunk_size=s.chunk,
+                domain_name="droid_lerobot",
+                resolution_tier=args.tier,
+                image=image,
+                view_point="concat_view",
             ),  # fmt: skip
             fps=s.fps,
             num_inference_steps=s.num_steps,
@@ -116,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     stock_ms = rows["stock"]["p50_ms"]  # type: ignore[index]
     report["speedup_vs_stock"] = {
-        k: round(stock_ms / v["p50_ms"], 2) for k, v in rows.items() if k != "stock"  # type: ignore[index]
+        k: round(stock_ms / v["p50_ms"], 2)
+        for k, v in rows.items()
+        if k != "stock"  # type: ignore[index]
     }
     text = json.dumps(report, indent=2)
     print(text)

@@ -78,6 +78,14 @@ class Gr00tPolicy(BatchPolicy):
             raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
         return cls(policy, pre, post)
 
+    def save_pretrained(self, ckpt_dir: str | Path) -> Path:
+        """LeRobot's folder again: the policy (config naming the same base model) and both processors."""
+        root = Path(ckpt_dir)
+        self.policy.save_pretrained(root)
+        self.preprocessor.save_pretrained(root)
+        self.postprocessor.save_pretrained(root)
+        return root
+
     # --- BasePolicy ------------------------------------------------------------------------------
     @property
     def metadata(self) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from cosmos_robot.policies.flow.policy import collate_observations
 from cosmos_robot.transforms import run_transforms
 from cosmos_robot_client.base_policy import BatchPolicy
 
-__all__ = ["FlowRLPolicy", "Pi05RLPolicy", "RLModel", "RLPolicy", "frozen_copy", "load_rl_policy"]
+__all__ = ["FlowRLPolicy", "Gr00tRLPolicy", "Pi05RLPolicy", "RLModel", "RLPolicy", "frozen_copy", "load_rl_policy"]
 
 # The model an RLPolicy exposes: ``FlowModel`` or ``Pi05RLModel``, used through the methods listed in
 # the module docstring (duck-typed: the two share no base class beyond ``nn.Module``).
@@ -125,6 +125,38 @@ class Pi05RLPolicy(RLPolicy):
         self.policy.num_steps = steps
 
 
+class Gr00tRLPolicy(RLPolicy):
+    """A LeRobot GR00T N1.7 folder: the model is ``Gr00tRLModel`` (value head; optional frozen backbone)."""
+
+    def __init__(self, policy: Any, noise_level: float = 0.5, freeze_vlm: bool = False) -> None:
+        from cosmos_robot.policies.groot.rl import Gr00tRLModel
+
+        self.policy = policy
+        self.action_dims = policy.action_dim
+        self.model = Gr00tRLModel(policy.policy, policy.preprocessor, policy.action_dim, noise_level, freeze_vlm)
+
+    def model_inputs(self, wire: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        raw = self.policy.io.batch(wire)  # LeRobot keys; cameras float in [0, 1] from uint8
+        cams = [(raw.pop(k) * 255.0).round().to(torch.uint8) for k in self.model.camera_keys]
+        return {"images": torch.stack(cams, dim=1), **raw}
+
+    def env_actions(self, chunks: torch.Tensor) -> np.ndarray:
+        steps = int(self.policy.policy.config.n_action_steps)
+        acts = chunks[:, :steps, : self.action_dims].to(next(self.model.parameters()).dtype)
+        with torch.no_grad():
+            out = self.policy.postprocessor(acts)
+        return np.asarray(out.float().cpu().numpy(), dtype=np.float32)
+
+    def servable(self, model: RLModel) -> BatchPolicy:
+        from cosmos_robot.policies.groot.policy import Gr00tPolicy
+
+        return Gr00tPolicy(model._policy[0], self.policy.preprocessor, self.policy.postprocessor)
+
+    def set_num_flow_steps(self, steps: int) -> None:
+        super().set_num_flow_steps(steps)
+        self.model.groot.action_head.num_inference_timesteps = steps
+
+
 def load_rl_policy(
     path: str | Path, device: torch.device | str = "cpu", noise_level: float | None = None, freeze_vlm: bool = False
 ) -> RLPolicy:
@@ -139,7 +171,12 @@ def load_rl_policy(
 
         policy = Pi05Policy.from_pretrained(path, device=device, cuda_graphs=False)
         return Pi05RLPolicy(policy, 0.5 if noise_level is None else noise_level, freeze_vlm)
-    raise CheckpointError(f"{path}: the RL trainer supports flow and pi05 checkpoints, not {family!r}")
+    if family == "groot":
+        from cosmos_robot.policies.groot.policy import Gr00tPolicy
+
+        groot = Gr00tPolicy.from_pretrained(path, device=device)
+        return Gr00tRLPolicy(groot, 0.5 if noise_level is None else noise_level, freeze_vlm)
+    raise CheckpointError(f"{path}: the RL trainer supports flow, pi05 and groot checkpoints, not {family!r}")
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
