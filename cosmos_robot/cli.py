@@ -39,6 +39,21 @@ def _transports(value: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _torch_device(name: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; anything else is checked by torch."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except RuntimeError as exc:
+        raise ValueError(f"--device: {exc}") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
+    return str(dev)
+
+
 @app.command()
 def serve(
     ckpt: Annotated[
@@ -70,6 +85,9 @@ def serve(
     ] = None,
     max_message_mb: Annotated[float, typer.Option(help="Refuse requests larger than this many MiB.")] = 64.0,
     enable_kill: Annotated[bool, typer.Option(help="Allow GR00T clients to stop the server with `kill`.")] = False,
+    device: Annotated[
+        str, typer.Option(help="Torch device for --ckpt (auto: cuda when available, else cpu).")
+    ] = "auto",
     groot_layout: Annotated[
         Optional[str],
         typer.Option(
@@ -113,7 +131,7 @@ def serve(
         if ckpt is not None:
             from cosmos_robot.policies import load_policy as load_checkpoint
 
-            pol = load_checkpoint(ckpt)
+            pol = load_checkpoint(ckpt, device=_torch_device(device))
         else:
             pol = load_policy(str(policy), parse_policy_args(policy_arg or []))
         if groot_layout is not None:
@@ -198,6 +216,9 @@ def eval(
     ] = None,
     connect_timeout_s: Annotated[float, typer.Option(help="Give up connecting to the server after this long.")] = 10.0,
     request_timeout_s: Annotated[float, typer.Option(help="Fail when one policy request takes longer.")] = 300.0,
+    device: Annotated[
+        str, typer.Option(help="Torch device for --ckpt (auto: cuda when available, else cpu).")
+    ] = "auto",
     overwrite: Annotated[
         bool, typer.Option(help="Delete a previous run in --out and start fresh (default: resume it).")
     ] = False,
@@ -279,8 +300,8 @@ def eval(
         from cosmos_robot.policies import load_policy as load_checkpoint
 
         try:
-            pol = load_checkpoint(ckpt)
-        except CheckpointError as exc:
+            pol = load_checkpoint(ckpt, device=_torch_device(device))
+        except (CheckpointError, ValueError) as exc:  # a bad folder or a bad --device
             raise fail(str(exc), 2) from exc
     else:
         from cosmos_robot.policy_loading import PolicyLoadError, load_policy

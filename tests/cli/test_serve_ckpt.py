@@ -89,6 +89,17 @@ def test_serve_ckpt_bad_folder_is_a_clear_error(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "exactly one of --ckpt" in result.output
 
 
+def test_bad_device_is_a_clear_error(flow_ckpt: Path) -> None:
+    import torch
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["serve", "--ckpt", str(flow_ckpt), "--device", "tpu9"])
+    assert result.exit_code == 2 and "--device" in result.output
+    if not torch.cuda.is_available():
+        result = runner.invoke(app, ["serve", "--ckpt", str(flow_ckpt), "--device", "cuda"])
+        assert result.exit_code == 2 and "CUDA is not available" in result.output
+
+
 def test_eval_ckpt_in_process(flow_ckpt: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     args = ["eval", "--ckpt", str(flow_ckpt), "--tasks", "reach", "--episodes-per-task", "2", "--num-envs", "2",
