@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-lerobot", action="store_true", help="random native weights only (no LeRobot model)")
     ap.add_argument("--profile", action="store_true", help="also time prefix/step split, SDPA backends, top kernels")
     ap.add_argument("--compile", action="store_true", help="torch.compile prefix and flow step under the graph")
+    ap.add_argument(
+        "--precision", choices=["bf16", "mixed"], default="bf16",
+        help="bf16: every weight in bfloat16 (the measured numbers); mixed: LeRobot's float32 vision and norms",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     dev = args.device
@@ -143,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with torch.device("meta"):
             native = Pi05Model(arch)
+        from cosmos_robot.policies.pi05.checkpoint import param_dtype
+
         state = {
-            k.removeprefix("model."): v.detach().to(dev, torch_dtype)
+            k.removeprefix("model."): v.detach().to(
+                dev, param_dtype(k.removeprefix("model."), torch_dtype, args.precision)
+            )
             for k, v in ref.state_dict().items()
             if k.startswith("model.") and not k.endswith("lm_head.weight")
         }
@@ -156,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         pre, post = eager.preprocessor, eager.postprocessor
         graphed = Pi05Policy(native, cfg, pre, post, tokenizer, cuda_graphs=True, compile=args.compile)
     report["compile"] = args.compile
+    report["precision"] = args.precision
     report["params_million"] = round(sum(p.numel() for p in native.parameters()) / 1e6, 1)
 
     results: dict[str, dict[str, object]] = {}

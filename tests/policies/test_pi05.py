@@ -190,6 +190,29 @@ def test_parity_with_lerobot_pi05() -> None:
     assert report["ok"] and report["action_max_abs_diff"] < 1e-4 and report["action_scale"] > 0.1
 
 
+def test_bf16_parity_with_lerobot_keeps_its_float32_islands() -> None:
+    """In bfloat16 LeRobot keeps the vision path, the norms and the action projections in float32;
+    ``precision="mixed"`` (the default) does too, and lands within 2e-3 of it on actions of scale ~7."""
+    from cosmos_robot.policies.pi05.checkpoint import param_dtype
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    assert (
+        param_dtype("paligemma_with_expert.paligemma.model.vision_tower.vision_model.post_layernorm.weight", bf16)
+        == f32
+    )
+    assert param_dtype("paligemma_with_expert.gemma_expert.model.layers.0.input_layernorm.dense.weight", bf16) == f32
+    assert param_dtype("paligemma_with_expert.gemma_expert.model.layers.0.mlp.up_proj.weight", bf16) == bf16
+    assert (
+        param_dtype("action_in_proj.weight", bf16) == f32 and param_dtype("action_in_proj.weight", bf16, "bf16") == bf16
+    )
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "parity_pi05.py"), "--size", "tiny", "--dtype", "bfloat16",
+         "--atol", "2e-3"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+
+
 def test_graph_buckets_are_powers_of_two() -> None:
     from cosmos_robot.policies.pi05.modeling import _pad_rows, bucket_size
 

@@ -45,6 +45,7 @@ __all__ = [
     "architecture_from_config",
     "find_tokenizer",
     "load_weights",
+    "param_dtype",
     "read_config",
     "save_weights",
 ]
@@ -144,7 +145,25 @@ def _header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({exc})") from exc
 
 
-def load_weights(model: Pi05Model, path: Path, dtype: torch.dtype | None = None) -> None:
+# LeRobot's PI05 in bfloat16 keeps these in float32 (``to_bfloat16_for_selected_params``): the whole
+# vision path, every RMSNorm (adaptive ones included) and everything outside ``paligemma_with_expert``
+_FP32_SELECTORS = ("vision_tower", "multi_modal_projector", "input_layernorm", "post_attention_layernorm", "model.norm")
+
+
+def param_dtype(name: str, dtype: torch.dtype, precision: str = "mixed") -> torch.dtype:
+    """The dtype parameter ``name`` gets: ``dtype``, except float32 where LeRobot keeps it (``mixed``).
+
+    ``precision="bf16"`` casts everything (fastest on a GPU; not LeRobot's numerics)."""
+    if precision not in ("mixed", "bf16"):
+        raise ValueError(f"precision must be 'mixed' or 'bf16', got {precision!r}")
+    if dtype != torch.bfloat16 or precision == "bf16":
+        return dtype
+    if not name.startswith("paligemma_with_expert.") or any(sel in name for sel in _FP32_SELECTORS):
+        return torch.float32
+    return dtype
+
+
+def load_weights(model: Pi05Model, path: Path, dtype: torch.dtype | None = None, precision: str = "mixed") -> None:
     """Load LeRobot's ``model.safetensors`` into ``model`` strictly (lm_heads skipped), checking the header first."""
     header = _header(path)
     prefixed = any(k.startswith("model.") for k in header)
@@ -172,7 +191,9 @@ def load_weights(model: Pi05Model, path: Path, dtype: torch.dtype | None = None)
     with safe_open(str(path), framework="pt") as f:
         for name in expected:
             t = f.get_tensor(by_name[name])
-            state[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
+            state[name] = (
+                t.to(param_dtype(name, dtype, precision)) if dtype is not None and t.is_floating_point() else t
+            )
     model.load_state_dict(state, strict=True, assign=True)
 
 

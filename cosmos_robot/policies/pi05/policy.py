@@ -164,9 +164,14 @@ class Pi05Policy(BatchPolicy):
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype | None = None,
         cuda_graphs: bool | None = None,
+        precision: str = "mixed",
+        compile: bool = False,
     ) -> Pi05Policy:
         """Load a LeRobot pi05 folder (see ``checkpoint``). ``dtype`` defaults to the config's ``dtype``;
-        ``cuda_graphs`` (default: on for CUDA devices) replays prefix + flow steps as one graph."""
+        in bfloat16, ``precision="mixed"`` keeps the vision path, the norms and the action projections
+        in float32 as LeRobot does (its numerics), ``"bf16"`` casts everything (fastest on a GPU).
+        ``cuda_graphs`` (default: on for CUDA devices) replays prefix + flow steps as one graph;
+        ``compile`` adds ``torch.compile`` under it."""
         root = Path(ckpt_dir)
         check_folder(root)
         raw = read_config(root)
@@ -180,7 +185,7 @@ class Pi05Policy(BatchPolicy):
         torch_dtype = _dtype(dtype if dtype is not None else raw.get("dtype", "float32"))
         with torch.device("meta"):
             model = Pi05Model(arch)
-        load_weights(model, root / WEIGHTS_FILE, torch_dtype)
+        load_weights(model, root / WEIGHTS_FILE, torch_dtype, precision)
         model.to(device)
         lr_config.device = str(torch.device(device))
         from lerobot.policies.factory import make_pre_post_processors
@@ -196,7 +201,7 @@ class Pi05Policy(BatchPolicy):
             )
         except (OSError, ValueError, KeyError, FileNotFoundError) as exc:
             raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
-        return cls(model, lr_config, pre, post, tokenizer, cuda_graphs=cuda_graphs)
+        return cls(model, lr_config, pre, post, tokenizer, cuda_graphs=cuda_graphs, compile=compile)
 
     @classmethod
     def from_model(
