@@ -64,7 +64,13 @@ def serve(
         typer.Option(help="Policy factory as MODULE:FACTORY, e.g. cosmos_robot_server.example_policies:constant."),
     ] = None,
     policy_arg: Annotated[
-        Optional[list[str]], typer.Option("--policy-arg", "-a", help="KEY=VALUE passed to the factory (repeatable).")
+        Optional[list[str]],
+        typer.Option(
+            "--policy-arg",
+            "-a",
+            help="KEY=VALUE passed to the factory, or with --ckpt to the family's loader, e.g. -a compile=true "
+            "-a precision=bf16 for pi05 (repeatable).",
+        ),
     ] = None,
     host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 serves other machines.")] = "127.0.0.1",
     port: Annotated[
@@ -131,7 +137,7 @@ def serve(
         if ckpt is not None:
             from cosmos_robot.policies import load_policy as load_checkpoint
 
-            pol = load_checkpoint(ckpt, device=_torch_device(device))
+            pol = load_checkpoint(ckpt, device=_torch_device(device), **parse_policy_args(policy_arg or []))
         else:
             pol = load_policy(str(policy), parse_policy_args(policy_arg or []))
         if groot_layout is not None:

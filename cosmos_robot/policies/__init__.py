@@ -6,6 +6,7 @@ family (see ``registry``).
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,16 @@ __all__ = ["CheckpointError", "detect_family", "load_policy", "register_family"]
 
 
 def load_policy(ckpt_dir: str | Path, **kwargs: Any) -> Any:
-    """Load any supported checkpoint folder as a ``BatchPolicy`` (``infer`` / ``infer_batch``)."""
+    """Load any supported checkpoint folder as a ``BatchPolicy`` (``infer`` / ``infer_batch``).
+
+    ``kwargs`` go to the family's ``from_pretrained`` (``device`` for all; e.g. ``precision`` and
+    ``compile`` for pi05); an option the family does not take is a ``CheckpointError`` listing those it does.
+    """
     family = detect_family(ckpt_dir)
     cls = load_policy_class(family)
+    params = inspect.signature(cls.from_pretrained).parameters
+    accepted = [name for name in params if name != "ckpt_dir"]
+    unknown = sorted(set(kwargs) - set(accepted))
+    if unknown:
+        raise CheckpointError(f"the {family} family does not take option(s) {unknown}; it takes {accepted}")
     return cls.from_pretrained(ckpt_dir, **kwargs)

@@ -89,6 +89,12 @@ def test_serve_ckpt_bad_folder_is_a_clear_error(tmp_path: Path) -> None:
     assert result.exit_code != 0 and "exactly one of --ckpt" in result.output
 
 
+def test_ckpt_options_are_checked_against_the_family(pi05_ckpt: Path) -> None:
+    result = CliRunner().invoke(app, ["serve", "--ckpt", str(pi05_ckpt), "-a", "compiled=true"])
+    assert result.exit_code == 2
+    assert "pi05 family does not take option(s) ['compiled']" in result.output and "'compile'" in result.output
+
+
 def test_bad_device_is_a_clear_error(flow_ckpt: Path) -> None:
     import torch
 
