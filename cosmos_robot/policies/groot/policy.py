@@ -53,7 +53,7 @@ class Gr00tPolicy(BatchPolicy):
         if raw.get("type") != "groot":
             raise CheckpointError(f"{root / 'config.json'}: 'type' is {raw.get('type')!r}, expected 'groot'")
         base = raw.get("base_model_path")
-        if isinstance(base, str) and (base.startswith(("/", ".", "~")) or os.sep in base and Path(base).exists()):
+        if isinstance(base, str) and base.startswith(("/", ".", "~")):  # a local path, not a hub id
             if not Path(base).expanduser().is_dir():
                 raise CheckpointError(
                     f"{root / 'config.json'}: base_model_path {base!r} does not exist; a GR00T folder loads its "

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from cosmos_robot.policies.pi05.rl import Pi05RLSpec as FlowSpec
+from cosmos_robot.policies.rl_heads import FlowSpec, openpi_flow_time, value_head
 
 __all__ = ["Gr00tContext", "Gr00tRLModel"]
 
@@ -76,12 +76,7 @@ class Gr00tRLModel(nn.Module):
             noise_level=noise_level,
         )
         width = int(self.groot.config.backbone_embedding_dim)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(value_seed)
-            last = nn.Linear(width, 1)
-            nn.init.zeros_(last.weight)
-            nn.init.zeros_(last.bias)
-            self.value_head = nn.Sequential(nn.Linear(width, width), nn.SiLU(), last)
+        self.value_head = value_head(width, value_seed)
         self.value_head.to(next(self.groot.parameters()).device)
         if freeze_vlm:
             for p in self.groot.backbone.parameters():
@@ -156,6 +151,4 @@ class Gr00tRLModel(nn.Module):
         return self.value_head(pooled.float()).squeeze(-1)
 
     def sample_time(self, n: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
-        gen_device = generator.device if generator is not None else device
-        u = torch.rand((n,), generator=generator, device=gen_device).to(device)
-        return u.pow(1.0 / 1.5) * 0.999 + 0.001
+        return openpi_flow_time(n, generator, device)

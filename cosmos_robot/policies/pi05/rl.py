@@ -24,23 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
 from cosmos_robot.policies.pi05.modeling import Pi05Model, PrefixCache
+from cosmos_robot.policies.rl_heads import FlowSpec, openpi_flow_time, value_head
 
-__all__ = ["Pi05Context", "Pi05RLModel", "Pi05RLSpec"]
-
-
-class Pi05RLSpec(BaseModel):
-    """The sampler-facing sizes: chain rows (``horizon``) and width (``action_dim``, the padded width)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    horizon: int
-    action_dim: int
-    num_flow_steps: int
-    noise_level: float = 0.5
+__all__ = ["Pi05Context", "Pi05RLModel"]
 
 
 @dataclass
@@ -82,19 +71,14 @@ class Pi05RLModel(nn.Module):
         self.pi05 = pi05
         self.action_dims = action_dims
         self.freeze_vlm = freeze_vlm
-        self.config = Pi05RLSpec(
+        self.config = FlowSpec(
             horizon=arch.chunk_size,
             action_dim=arch.max_action_dim,
             num_flow_steps=num_flow_steps,
             noise_level=noise_level,
         )
         width = arch.vlm.width
-        with torch.random.fork_rng(devices=[]):  # the same head every time (runs must be reproducible)
-            torch.manual_seed(value_seed)
-            last = nn.Linear(width, 1)
-            nn.init.zeros_(last.weight)
-            nn.init.zeros_(last.bias)
-            self.value_head = nn.Sequential(nn.Linear(width, width), nn.SiLU(), last)
+        self.value_head = value_head(width, value_seed)
         dtype = pi05.action_in_proj.weight.dtype
         self.value_head.to(device=pi05.action_in_proj.weight.device, dtype=dtype)
         if freeze_vlm:
@@ -136,7 +120,4 @@ class Pi05RLModel(nn.Module):
         return self.value_head(pooled.to(self.pi05.action_in_proj.weight.dtype)).squeeze(-1).float()
 
     def sample_time(self, n: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
-        """openpi's flow-time distribution: Beta(1.5, 1) (inverse CDF) scaled to [0.001, 1]."""
-        gen_device = generator.device if generator is not None else device
-        u = torch.rand((n,), generator=generator, device=gen_device).to(device)
-        return u.pow(1.0 / 1.5) * 0.999 + 0.001
+        return openpi_flow_time(n, generator, device)

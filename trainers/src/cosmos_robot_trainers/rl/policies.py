@@ -63,8 +63,7 @@ class RLPolicy(abc.ABC):
         """A serving policy that owns ``model`` (a copy the caller made)."""
 
     def set_num_flow_steps(self, steps: int) -> None:
-        cfg = getattr(self.model, "config")  # noqa: B009 - pydantic config on both families
-        self.model.config = cfg.model_copy(update={"num_flow_steps": steps})
+        self.model.config = self.model.config.model_copy(update={"num_flow_steps": steps})
 
 
 class FlowRLPolicy(RLPolicy):

@@ -25,6 +25,7 @@ from torch import nn
 from cosmos_robot.normalize import FeatureStats
 from cosmos_robot.policies.pi05.modeling import Pi05Model
 from cosmos_robot.policies.pi05.policy import Pi05Policy, build_processors
+from cosmos_robot.policies.rl_heads import openpi_flow_time
 from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig
 from cosmos_robot_trainers.sft.data import _first_episodes_per_task, augment_images, task_weights
 
@@ -42,8 +43,7 @@ class Pi05SFTModel(nn.Module):
         self.action_dim = action_dim
 
     def sample_time(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        """openpi's flow-time distribution, Beta(1.5, 1) by inverse CDF, scaled to [0.001, 1]."""
-        return torch.rand((n,), generator=generator).pow(1.0 / 1.5) * 0.999 + 0.001
+        return openpi_flow_time(n, generator)
 
     def flow_loss(
         self, batch: dict[str, torch.Tensor], noise: torch.Tensor, time: torch.Tensor
