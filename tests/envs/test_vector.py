@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import signal
 import string
+import sys
 import time
 from typing import Any
 
@@ -20,7 +21,15 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from cosmos_robot_envs.vector import ENV_ERROR, WORKER_CRASHED, WORKER_TIMEOUT, BatchedEnv, Mode, make_vector_env
+from cosmos_robot_envs.vector import (
+    ENV_ERROR,
+    WORKER_CRASHED,
+    WORKER_TIMEOUT,
+    BatchedEnv,
+    EnvFactory,
+    Mode,
+    make_vector_env,
+)
 from cosmos_robot_envs.vector.subproc import AsyncBatchedEnv
 from cosmos_robot_envs.vector.wire import WireError, pack, unpack
 
@@ -339,3 +348,49 @@ def test_worker_wire_round_trips_numpy_and_refuses_what_pickle_would_need() -> N
     forged = pack({"x": np.zeros(4, np.float32)}).replace(b"\x04\x00\x00\x00\x00\x00\x00\x00", b"\x09" + b"\x00" * 7)
     with pytest.raises(WireError, match="does not fit shape"):
         unpack(forged)
+
+
+def _other_python() -> str:
+    """Another venv's interpreter (the Python 3.10 one `make test` builds), else this one."""
+    other = os.path.join(os.path.dirname(__file__), "..", "..", ".venv-py310", "bin", "python")
+    return os.path.abspath(other) if os.path.exists(other) else sys.executable
+
+
+def test_envs_under_another_interpreter_match_and_recover() -> None:
+    """EnvFactory(python=...) starts workers with `python -m` in that venv: same results, same recovery."""
+    factory = EnvFactory("CosmosRobot/Reach-v0", {"image_size": 16}, python=_other_python())
+    importlib.import_module("cosmos_robot_envs.tabletop")
+    with (
+        make_vector_env([factory] * 2, mode="async") as ext,
+        make_vector_env("CosmosRobot/Reach-v0", 2, "sync", env_kwargs={"image_size": 16}) as ref,
+    ):
+        ref.single_action_space.seed(0)
+        acts = [np.stack([ref.single_action_space.sample() for _ in range(2)]) for _ in range(3)]
+        traces = []
+        for venv in (ref, ext):
+            trace = [venv.reset(seeds=[3, 4])[0]]
+            trace += [venv.step(a)[:4] for a in acts]
+            traces.append(trace)
+        _assert_same(*traces)
+        victim = _pids(ext)[0]
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        obs, _, _, trunc, infos = ext.step(acts[0])
+        assert trunc.tolist() == [True, False] and infos[0]["truncated_reason"] == WORKER_CRASHED
+        assert _pids(ext)[0] != victim
+        obs, _ = ext.reset(seeds=[3], mask=np.array([True, False]))
+        np.testing.assert_array_equal(obs["state"][0], traces[0][0]["state"][0])  # the shared memory survived
+        _, _, _, trunc, _ = ext.step(acts[1])
+        assert not trunc.any()
+        pids = [p for p in _pids(ext) if p is not None]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_another_interpreter_needs_the_async_mode() -> None:
+    factory = EnvFactory("CosmosRobot/Reach-v0", {}, python=sys.executable)
+    with pytest.raises(ValueError, match="only mode='async' supports"):
+        make_vector_env([factory], mode="sync")
+    with pytest.raises(FileNotFoundError, match="is not an executable file"):
+        make_vector_env([EnvFactory("CosmosRobot/Reach-v0", {}, python="/nonexistent/python")], mode="async")

@@ -159,7 +159,7 @@ class _Run:
             mask[list(assigned)] = True
             specs = list(assigned.values())
             self.obs, infos = self.venv.reset(
-                seeds=[s.seed for s in specs], options=[{"task": s.task} for s in specs], mask=mask
+                seeds=[s.seed for s in specs], options=[self.suite.reset_options(s) for s in specs], mask=mask
             )
             free = []
             for i, spec in assigned.items():

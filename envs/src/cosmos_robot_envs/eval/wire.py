@@ -19,7 +19,7 @@ import numpy as np
 
 from cosmos_robot_client.spec import InputSpec
 
-__all__ = ["TABLETOP_KEYS", "WireMapping", "batch_row", "spec_from_metadata"]
+__all__ = ["LIBERO_KEYS", "TABLETOP_KEYS", "WireMapping", "batch_row", "spec_from_metadata"]
 
 # env observation key -> wire key (openpi convention)
 TABLETOP_KEYS: dict[str, str] = {
@@ -29,6 +29,9 @@ TABLETOP_KEYS: dict[str, str] = {
     "object_state": "observation/object_state",
     "prompt": "prompt",
 }
+
+# LIBERO's env already flips its cameras upright and builds openpi's 8-D state
+LIBERO_KEYS: dict[str, str] = {k: v for k, v in TABLETOP_KEYS.items() if k != "object_state"}
 
 
 def batch_row(obs_batch: Mapping[str, Any], i: int) -> dict[str, Any]:

@@ -23,15 +23,21 @@ __all__ = ["EnvFactory", "Mode", "make_vector_env"]
 Mode = Literal["sync", "async", "ray"]
 
 # gymnasium namespaces whose registering module is not the namespace itself
-_NAMESPACE_MODULES = {"CosmosRobot": "cosmos_robot_envs.tabletop"}
+_NAMESPACE_MODULES = {"CosmosRobot": "cosmos_robot_envs.tabletop", "Libero": "cosmos_robot_envs.libero"}
 
 
 @dataclass(frozen=True)
 class EnvFactory:
-    """``gymnasium.make(env_id, **kwargs)``, importing the package that registers ``env_id`` first."""
+    """``gymnasium.make(env_id, **kwargs)``, importing the package that registers ``env_id`` first.
+
+    ``python``: run this env's worker under that interpreter (another venv; see
+    :mod:`cosmos_robot_envs.vector.external`); only the ``"async"`` mode can, and ``kwargs`` must then
+    be plain data (msgpack). None: the current interpreter.
+    """
 
     env_id: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    python: str | None = None
 
     def __call__(self) -> gym.Env[Any, Any]:
         env_id = self.env_id
@@ -78,6 +84,12 @@ def make_vector_env(
         obs, infos = venv.reset(seeds=100, mask=terminated | truncated)  # only the finished envs
     """
     fns = _env_fns(env, num_envs, env_kwargs)
+    foreign = sorted({f.python for f in fns if isinstance(f, EnvFactory) and f.python})
+    if foreign and mode != "async":
+        raise ValueError(
+            f"mode={mode!r}: these envs run under another interpreter ({', '.join(foreign)}), "
+            "which only mode='async' supports (one worker process per env)"
+        )
     if mode == "sync":
         from cosmos_robot_envs.vector.sync import SyncBatchedEnv
 

@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd
+from cosmos_robot_envs.vector.external import start_external_worker
+from cosmos_robot_envs.vector.factory import EnvFactory
 from cosmos_robot_envs.vector.runner import ENV_ERROR, WORKER_CRASHED, WORKER_TIMEOUT, EnvFn, EnvReply, Failure, Outcome
 from cosmos_robot_envs.vector.spaces import space_from_data
 from cosmos_robot_envs.vector.wire import WireError, pack, unpack
@@ -128,6 +130,10 @@ class AsyncBatchedEnv(BatchedEnv):
 
     # -- worker life cycle -------------------------------------------------------------------------
     def _spawn(self, i: int) -> _Worker:
+        fn = self._env_fns[i]
+        if isinstance(fn, EnvFactory) and fn.python:
+            process, conn = start_external_worker(fn.python, i, fn.env_id, fn.kwargs)
+            return _Worker(process, conn)
         parent, child = self._ctx.Pipe(duplex=True)
         process = self._ctx.Process(
             target=worker_main, args=(i, self._env_fns[i], child), name=f"cosmos-env-{i}", daemon=True

@@ -43,9 +43,17 @@ class SharedBlock:
         return [self.shm.name, list(self.shape), self.dtype.str]
 
     @classmethod
-    def attach(cls, spec: list[Any]) -> SharedBlock:
+    def attach(cls, spec: list[Any], *, track: bool = True) -> SharedBlock:
+        """Map a block the parent created. ``track=False`` in a process with its own resource tracker
+        (an external worker): that tracker would otherwise unlink the parent's segment when the
+        worker exits."""
         name, shape, dtype = spec
-        return cls(tuple(shape), np.dtype(dtype), name)
+        block = cls(tuple(shape), np.dtype(dtype), name)
+        if not track:
+            from multiprocessing import resource_tracker
+
+            resource_tracker.unregister(block.shm._name, "shared_memory")  # type: ignore[attr-defined]
+        return block
 
     def close(self, unlink: bool = False) -> None:
         self.array = None  # drop the numpy view first, or the segment cannot be unmapped
@@ -71,8 +79,11 @@ def _send(conn: Connection, msg: dict[str, Any], index: int) -> None:
     conn.send_bytes(payload)
 
 
-def worker_main(index: int, env_fn: EnvFn, conn: Connection) -> None:
-    """Build the env, report its spaces, then serve commands until ``close`` or the parent goes away."""
+def worker_main(index: int, env_fn: EnvFn, conn: Connection, *, own_tracker: bool = False) -> None:
+    """Build the env, report its spaces, then serve commands until ``close`` or the parent goes away.
+
+    ``own_tracker``: this process was not started by ``multiprocessing`` (so it does not share the
+    parent's resource tracker) and must not let its tracker claim the shared memory."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it closes us
     try:
         runner = EnvRunner(env_fn, index)
@@ -96,8 +107,9 @@ def worker_main(index: int, env_fn: EnvFn, conn: Connection) -> None:
             if cmd == "close":
                 return
             if cmd == "attach":
-                obs_blocks = {k: SharedBlock.attach(spec) for k, spec in msg["obs"].items()}
-                action_block = SharedBlock.attach(msg["action"])
+                track = not own_tracker
+                obs_blocks = {k: SharedBlock.attach(spec, track=track) for k, spec in msg["obs"].items()}
+                action_block = SharedBlock.attach(msg["action"], track=track)
                 continue
             try:
                 if cmd == "reset":
