@@ -15,6 +15,7 @@ export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export COSMOS_ROBOT_REQUIRE_OPENPI := 1
+export COSMOS_ROBOT_REQUIRE_LIBERO := 1
 PIP_QUIET := -q
 PROJECT_FILES := pyproject.toml clients/pyproject.toml policy_server/pyproject.toml envs/pyproject.toml trainers/pyproject.toml
 

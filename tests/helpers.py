@@ -34,3 +34,16 @@ def run_python(python: Path | str, code: str, *args: str, timeout: float = 60.0)
 
 
 PY = sys.executable
+
+
+def libero_python() -> str:
+    """The LIBERO venv's interpreter (``make libero``); skips without it unless COSMOS_ROBOT_REQUIRE_LIBERO=1."""
+    from cosmos_robot_envs.libero import LiberoNotFound
+    from cosmos_robot_envs.libero import libero_python as find
+
+    try:
+        return find()
+    except LiberoNotFound as exc:
+        if os.environ.get("COSMOS_ROBOT_REQUIRE_LIBERO") == "1":
+            pytest.fail(f"{exc} (COSMOS_ROBOT_REQUIRE_LIBERO=1 forbids skipping)")
+        pytest.skip(str(exc))
