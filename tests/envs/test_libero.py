@@ -11,6 +11,7 @@ import json
 import math
 import subprocess
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -236,3 +237,25 @@ def test_check_env_and_input_errors_in_the_libero_venv() -> None:
     assert "unknown key(s) ['camera']" in errors[2]
     assert "action: expected shape (7,)" in errors[3]
     assert "unknown LIBERO suite 'libero_100'" in errors[4]
+
+
+def test_init_state_reader_rebuilds_numpy_pickles_without_unpickling(tmp_path: Path) -> None:
+    """torch.save's zip of a pickled float64 array (numpy 1 style: the bytes as a latin-1 str)."""
+    import io
+    import pickle
+    import zipfile
+
+    from cosmos_robot_envs.libero.catalog import LiberoSetupError, load_init_states
+
+    want = np.arange(12, dtype=np.float64).reshape(3, 4) / 7
+    for protocol in (2, 4):
+        path = tmp_path / f"p{protocol}.pruned_init"
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("archive/data.pkl", pickle.dumps(want, protocol=protocol))
+            z.writestr("archive/version", "3\n")
+        np.testing.assert_array_equal(load_init_states(path), want)
+    evil = tmp_path / "evil.pruned_init"
+    with zipfile.ZipFile(evil, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps(io.StringIO("x")))
+    with pytest.raises(LiberoSetupError, match="evil.pruned_init"):
+        load_init_states(evil)

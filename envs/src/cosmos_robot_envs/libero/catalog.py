@@ -8,7 +8,9 @@ few numpy arrays). So this module reads the same three things directly:
 - the language instruction, derived from the task name exactly as LIBERO's
   ``grab_language_from_filename`` does (``LIVING_ROOM_SCENE2_put_both...`` -> ``put both ...``);
 - the fixed initial states (``init_files/<suite>/<task>.pruned_init``): torch's zip format holding
-  one pickled numpy array, loaded by an unpickler that only builds numpy arrays.
+  one pickled numpy array. Nothing is unpickled: the pickle's opcodes are replayed into plain
+  tuples (``pickletools.genops``, which imports and calls nothing) and the array is rebuilt from
+  its shape, dtype and bytes.
 
 :func:`prepare` makes the package importable offline: it writes LIBERO's ``config.yaml`` (whose
 absence makes the first import call ``input()``) into a folder we own and checks that the meshes and
@@ -23,10 +25,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import io
 import json
 import os
-import pickle
+import pickletools
 import runpy
 import sys
 import zipfile
@@ -112,31 +113,97 @@ def get_task(suite: str, name: str) -> LiberoTask:
     )
 
 
-class _NumpyOnly(pickle.Unpickler):
-    """Builds numpy arrays and nothing else (the init-state files hold one float64 array)."""
+@dataclass(frozen=True)
+class _Call:
+    """A pickle REDUCE or BUILD, recorded, never executed."""
 
-    _ALLOWED = {
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("_codecs", "encode"),
-    }
+    what: Any
+    args: Any
 
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in self._ALLOWED:
-            raise pickle.UnpicklingError(f"init-state file refers to {module}.{name}; only numpy arrays are allowed")
-        if module.startswith("numpy") and module.endswith("multiarray"):
-            try:
-                from numpy._core import multiarray  # numpy 2 (the files were written by numpy 1)
-            except ImportError:
-                from numpy.core import multiarray  # type: ignore[no-redef]
 
-            return getattr(multiarray, name)
-        return super().find_class(module, name)
+_TEXT_OPS = frozenset(
+    {"BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BINSTRING"}
+)
 
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("init-state file holds torch tensors; expected a numpy array")
+
+def _pickle_tree(data: bytes) -> Any:
+    """Replay a pickle's opcodes into plain tuples and :class:`_Call` records, importing nothing."""
+    stack: list[Any] = []
+    marks: list[int] = []
+    memo: dict[int, Any] = {}
+    for op, arg_, _ in pickletools.genops(data):
+        arg: Any = arg_
+        name = op.name
+        if name in ("PROTO", "FRAME", "STOP"):
+            continue
+        if name == "MARK":
+            marks.append(len(stack))
+        elif name in ("BININT", "BININT1", "BININT2", "INT", "LONG1", "BINFLOAT", "FLOAT"):
+            stack.append(arg)
+        elif name in _TEXT_OPS:
+            stack.append(arg)
+        elif name in ("NEWTRUE", "NEWFALSE", "NONE"):
+            stack.append({"NEWTRUE": True, "NEWFALSE": False, "NONE": None}[name])
+        elif name == "GLOBAL":
+            stack.append(("global", *str(arg).split(" ", 1)))
+        elif name == "STACK_GLOBAL":
+            qualname, module = stack.pop(), stack.pop()
+            stack.append(("global", module, qualname))
+        elif name == "EMPTY_TUPLE":
+            stack.append(())
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            n = int(name[-1])
+            items = tuple(stack[-n:])
+            del stack[-n:]
+            stack.append(items)
+        elif name == "TUPLE":
+            at = marks.pop()
+            items = tuple(stack[at:])
+            del stack[at:]
+            stack.append(items)
+        elif name in ("BINPUT", "LONG_BINPUT"):
+            memo[int(arg)] = stack[-1]
+        elif name == "MEMOIZE":
+            memo[len(memo)] = stack[-1]
+        elif name in ("BINGET", "LONG_BINGET"):
+            stack.append(memo[int(arg)])
+        elif name in ("REDUCE", "BUILD"):
+            args = stack.pop()
+            stack.append(_Call(stack.pop() if name == "REDUCE" else ("build", stack.pop()), args))
+        else:
+            raise ValueError(f"unexpected pickle opcode {name} (only numpy arrays are read)")
+    if len(stack) != 1:
+        raise ValueError("malformed pickle stream")
+    return stack[0]
+
+
+def _array_from_tree(tree: Any) -> np.ndarray:
+    """The ndarray a ``numpy.core.multiarray._reconstruct`` + ``__setstate__`` pickle describes."""
+    if not (isinstance(tree, _Call) and isinstance(tree.what, tuple) and tree.what[0] == "build"):
+        raise ValueError("not a pickled numpy array")
+    base, state = tree.what[1], tree.args
+    if not (isinstance(base, _Call) and base.what[1:] in _RECONSTRUCT):
+        raise ValueError("not a pickled numpy array")
+    _version, shape, dtype_tree, fortran, raw = state
+    if not (isinstance(dtype_tree, _Call) and isinstance(dtype_tree.what, tuple)):
+        raise ValueError("pickled array without a dtype")
+    dtype_call, dtype_state = dtype_tree.what[1], dtype_tree.args
+    if dtype_call.what[1:] != ("numpy", "dtype"):
+        raise ValueError("pickled array without a dtype")
+    dtype = np.dtype(dtype_call.args[0]).newbyteorder(dtype_state[1] if dtype_state[1] in "<>" else "=")
+    if isinstance(raw, _Call) and raw.what[1:] == ("_codecs", "encode"):
+        raw = str(raw.args[0]).encode(str(raw.args[1]))  # numpy 1 wrote the bytes as a latin-1 str
+    if not isinstance(raw, (bytes, bytearray)):
+        raise ValueError("pickled array without its data bytes")
+    shape = tuple(int(n) for n in shape)
+    flat = np.frombuffer(bytes(raw), dtype=dtype)
+    if flat.size != int(np.prod(shape)):
+        raise ValueError(f"pickled array: {flat.size} values for shape {shape}")
+    out: np.ndarray = flat.reshape(shape, order="F" if fortran else "C").astype(dtype.newbyteorder("="))
+    return out
+
+
+_RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
 
 
 def load_init_states(path: Path) -> np.ndarray:
@@ -147,9 +214,12 @@ def load_init_states(path: Path) -> np.ndarray:
             data = z.read(member)
     except (OSError, zipfile.BadZipFile, StopIteration) as exc:
         raise LiberoSetupError(f"init states {path}: not a readable torch-format file ({exc})") from exc
-    states = _NumpyOnly(io.BytesIO(data)).load()
-    if not isinstance(states, np.ndarray) or states.ndim != 2:
-        raise LiberoSetupError(f"init states {path}: expected a 2-D array, got {type(states).__name__}")
+    try:
+        states = _array_from_tree(_pickle_tree(data))
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise LiberoSetupError(f"init states {path}: {exc}") from exc
+    if states.ndim != 2:
+        raise LiberoSetupError(f"init states {path}: expected a 2-D array, got shape {states.shape}")
     return states
 
 
