@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -101,9 +101,24 @@ def serve(
             "(libero), batch axis on the wire, answered as action.* keys."
         ),  # fmt: skip
     ] = None,
+    alpasim_port: Annotated[
+        Optional[int],
+        typer.Option(
+            help="Also answer NVIDIA AlpaSim as its gRPC driver (egodriver.EgodriverService) on this port; "
+            "it reaches the policy through the websocket transport (docs/alpasim.md)."
+        ),  # fmt: skip
+    ] = None,
+    alpasim_arg: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--alpasim-arg",
+            help="A flag of `python -m cosmos_robot_server.alpasim` for the driver, e.g. --alpasim-arg=--action-dt=0.5 "
+            "(repeatable).",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="Python logging level.")] = "INFO",
 ) -> None:
-    """Serve a policy to openpi, GR00T and cosmos-framework clients.
+    """Serve a policy to openpi, GR00T, cosmos-framework and AlpaSim clients.
 
     Example:
 
@@ -149,11 +164,21 @@ def serve(
     except (PolicyLoadError, ValueError) as exc:  # CheckpointError is a ValueError too
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from exc
+    driver = None
+    if alpasim_port is not None:
+        try:
+            driver = _alpasim_driver(config, alpasim_port, alpasim_arg or [], api_key)
+        except (ImportError, ValueError) as exc:
+            typer.secho(f"error: --alpasim-port: {exc}", fg="red", err=True)
+            raise typer.Exit(2) from exc
     server = PolicyServer(pol, config)
     schemes = {"ws": "ws", "zmq": "tcp", "http": "http"}
 
     def announce() -> None:
         urls = ", ".join(f"{name} {schemes[name]}://{host}:{p}" for name, p in server.ports.items())
+        if driver is not None:
+            driver.start(server.ports["ws"])
+            urls += f", alpasim grpc://{host}:{driver.port}"
         typer.echo(f"ready: serving {ckpt or policy} on {urls} (Ctrl-C to stop)")
 
     try:
@@ -161,6 +186,54 @@ def serve(
     except OSError as exc:
         typer.secho(f"error: cannot listen: {exc}", fg="red", err=True)
         raise typer.Exit(1) from exc
+    finally:
+        if driver is not None:
+            driver.stop()
+
+
+class _AlpasimSidecar:
+    """The AlpaSim driver beside the policy server: each rollout talks to the policy through our own
+    websocket transport on loopback, so its requests are validated and batched with everyone else's
+    and the model is only ever called from the server's batching thread."""
+
+    def __init__(self, config: Any, port: int, args: list[str], api_key: str | None, host: str) -> None:
+        from cosmos_robot_server.alpasim.launcher import build_parser, config_from_args
+
+        ns = build_parser().parse_args(["--policy", "straight", "--host", host, "--port", str(port), *args])
+        self.driver_config = config_from_args(ns)
+        self.host, self.requested, self.api_key = host, port, api_key
+        self.request_timeout: float = ns.request_timeout
+        self.server: Any = None
+        self.port = port
+
+    def start(self, ws_port: int) -> None:
+        from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
+        from cosmos_robot_server.alpasim import AlpasimDriverServer
+
+        url, key, timeout = f"ws://127.0.0.1:{ws_port}", self.api_key, self.request_timeout
+
+        def connect() -> Any:
+            return WebsocketClientPolicy(url, api_key=key, request_timeout_s=timeout)
+
+        self.server = AlpasimDriverServer(connect, self.host, self.requested, config=self.driver_config)
+        self.port = self.server.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def _alpasim_driver(config: Any, port: int, args: list[str], api_key: str | None) -> _AlpasimSidecar:
+    if "ws" not in config.transports:
+        raise ValueError("the AlpaSim driver reaches the policy over the websocket transport; add ws to --transport")
+    try:
+        import grpc  # noqa: F401
+    except ImportError as exc:
+        raise ImportError('needs the AlpaSim extra: pip install "cosmos-robot-server[alpasim]"') from exc
+    try:
+        return _AlpasimSidecar(config, port, args, api_key, config.host)
+    except SystemExit as exc:  # argparse's way of refusing a flag
+        raise ValueError(f"--alpasim-arg {' '.join(args)!r} is not valid") from exc
 
 
 @app.command()

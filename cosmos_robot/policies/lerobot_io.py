@@ -6,7 +6,11 @@ openpi's dialect (``observation/<cam>``, ``observation/state``, ``prompt``) or L
 reads the checkpoint's input features and
 
 - lists the accepted names per input (LeRobot's, openpi's, and for LIBERO's ``image``/``image2``
-  cameras also ``observation/image`` / ``observation/wrist_image``), announced in server metadata;
+  cameras also ``observation/image`` / ``observation/wrist_image``; for LeRobot's DROID cameras
+  ``exterior_1_left``/``exterior_2_left``/``wrist_left`` openpi's DROID names), announced in server metadata;
+- for a DROID checkpoint (DROID camera names), also builds the state from openpi's DROID pair
+  ``observation/joint_position`` + ``observation/gripper_position`` (``(1,)`` or a 0-D scalar), as
+  openpi's ``DroidInputs`` does: ``state = [q, g]``, so openpi/RoboLab DROID clients work unchanged;
 - validates a request before any tensor work, naming the missing, doubled or malformed key;
 - stacks a batch of observations into LeRobot's batch dict (cameras as (B, 3, H, W) float in
   [0, 1], whatever mix of HxWx3 uint8 and 3xHxW float the clients sent).
@@ -26,8 +30,20 @@ from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, Tex
 __all__ = ["IGNORED_KEYS", "STATE_KEY", "TASK_KEY", "LeRobotIO", "feature_type", "image_tensor"]
 
 STATE_KEY, TASK_KEY = "observation.state", "task"
-# openpi LIBERO clients name the cameras by role; LeRobot's LIBERO checkpoints call them image/image2
-_ROLE_ALIASES = {"image": ("observation/image",), "image2": ("observation/wrist_image",)}
+# openpi LIBERO clients name the cameras by role; LeRobot's LIBERO checkpoints call them image/image2, and its
+# DROID dataset (droid_1.0.1) exterior_1_left/exterior_2_left/wrist_left where openpi's DROID keys add "image_"
+_ROLE_ALIASES = {
+    "image": ("observation/image",),
+    "image2": ("observation/wrist_image",),
+    "exterior_1_left": ("observation/exterior_image_1_left",),
+    "exterior_2_left": ("observation/exterior_image_2_left",),
+    "wrist_left": ("observation/wrist_image_left",),
+}
+_DROID_CAMERAS = frozenset(
+    {"exterior_1_left", "exterior_2_left", "wrist_left", "exterior_image_1_left", "exterior_image_2_left",
+     "wrist_image_left"}
+)  # fmt: skip
+JOINT_KEY, GRIPPER_KEY = "observation/joint_position", "observation/gripper_position"
 IGNORED_KEYS = frozenset({"observation/object_state", "session_id", "endpoint"})
 
 
@@ -63,6 +79,9 @@ class LeRobotIO:
     def __init__(self, input_features: Mapping[str, Any]) -> None:
         self.camera_keys = [k for k, f in input_features.items() if feature_type(f) == "VISUAL"]
         self.state_dim = int(input_features[STATE_KEY].shape[0]) if STATE_KEY in input_features else 0
+        shorts = {k.removeprefix("observation.images.") for k in self.camera_keys}
+        # openpi's DROID state pair (joint positions + gripper) -> observation.state
+        self.state_parts = (JOINT_KEY, GRIPPER_KEY) if self.state_dim >= 2 and shorts & _DROID_CAMERAS else ()
         self.aliases = self._aliases()
         self.spec = self._build_spec()
 
@@ -84,6 +103,13 @@ class LeRobotIO:
                     fields[name] = TextSpec(optional=True, description="task instruction")
                 elif key == STATE_KEY:
                     fields[name] = ArraySpec((self.state_dim,), "number", optional=True, description="robot state")
+                    if self.state_parts:
+                        fields[JOINT_KEY] = ArraySpec(
+                            (self.state_dim - 1,), "number", optional=True, description="DROID joints: state[:-1]"
+                        )
+                        fields[GRIPPER_KEY] = ArraySpec(
+                            (1,), "number", optional=True, alt_shapes=((),), description="DROID gripper: state[-1]"
+                        )
                 else:
                     fields[name] = ArraySpec(
                         (None, None, None), "number", optional=True, description=f"{key}: HxWx3 uint8 or 3xHxW float"
@@ -94,12 +120,24 @@ class LeRobotIO:
     def expected_keys(self) -> dict[str, list[str]]:
         return {k: list(v) for k, v in self.aliases.items()}
 
+    @property
+    def state_from(self) -> dict[str, list[str]]:
+        """Inputs that may instead be composed from several keys (announced in server metadata)."""
+        return {STATE_KEY: list(self.state_parts)} if self.state_parts else {}
+
     def canonical(self, obs: Mapping[str, Any], index: int) -> dict[str, Any]:
         """One observation under LeRobot's keys; every missing or doubled key is an error naming it."""
         self.spec.validate(obs)
         out: dict[str, Any] = {}
         for key, names in self.aliases.items():
             given = [n for n in names if n in obs]
+            if key == STATE_KEY and self.state_parts:
+                parts = [n for n in self.state_parts if n in obs]
+                if parts and given:
+                    raise ObservationError(parts[0], f"observation {index}: {given[0]!r} already gives the state")
+                if parts:
+                    out[key] = self._droid_state(obs, index)
+                    continue
             if len(given) > 1:
                 raise ObservationError(
                     given[1], f"observation {index}: {given[0]!r} and {given[1]!r} are the same input"
@@ -107,9 +145,20 @@ class LeRobotIO:
             if not given:
                 close = difflib.get_close_matches(names[-1], [str(k) for k in obs], n=1)
                 hint = f" (got {close[0]!r}?)" if close else ""
-                raise ObservationError(names[0], f"observation {index}: missing; send one of {list(names)}{hint}")
+                alt = f" or the pair {list(self.state_parts)}" if key == STATE_KEY and self.state_parts else ""
+                raise ObservationError(names[0], f"observation {index}: missing; send one of {list(names)}{alt}{hint}")
             out[key] = obs[given[0]]
         return out
+
+    def _droid_state(self, obs: Mapping[str, Any], index: int) -> np.ndarray:
+        """openpi's ``DroidInputs``: ``[joint_position, gripper_position]`` (a 0-D gripper becomes 1-D)."""
+        for name in self.state_parts:
+            if name not in obs:
+                other = next(n for n in self.state_parts if n != name)
+                raise ObservationError(name, f"observation {index}: missing; {other!r} needs it to form the state")
+        joints = np.asarray(obs[JOINT_KEY], np.float32)
+        gripper = np.asarray(obs[GRIPPER_KEY], np.float32).reshape(-1)
+        return np.concatenate([joints, gripper])
 
     def batch(self, obs_batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         """LeRobot's raw batch: cameras (B, 3, H, W) float in [0, 1], state (B, D) float32, task list."""

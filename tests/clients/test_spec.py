@@ -74,3 +74,32 @@ def test_round_trip_through_metadata_and_example() -> None:
         InputSpec.from_dict({"x": {"kind": "blob"}})
     with pytest.raises(ValueError, match="unknown dtype"):
         ArraySpec((1,), "nonsense")
+
+
+def test_alternative_shapes_accept_a_scalar_gripper() -> None:
+    """DROID clients send the gripper as (1,) or as a 0-D scalar; a spec with ``alt_shapes`` takes both."""
+    grip = ArraySpec((1,), "number", alt_shapes=((),))
+    for value in (np.array([0.5], np.float32), np.float32(0.5), np.array(0.5), 0.5):
+        grip.check("observation/gripper_position", value)
+    with pytest.raises(ObservationError, match=r"observation/gripper_position: expected shape \(1,\) or \(\), got"):
+        grip.check("observation/gripper_position", np.zeros((2, 2)))
+    with pytest.raises(ObservationError, match="expected an array"):
+        ArraySpec((1,)).check("g", 0.5)  # a bare number only where a scalar shape is accepted
+    spec = InputSpec({"g": grip})
+    again = InputSpec.from_dict(spec.to_dict())
+    assert again.fields["g"] == grip and spec.to_dict()["g"]["alt_shapes"] == [[]]
+    assert "alt_shapes" not in SPEC.to_dict()["observation/image"]  # unchanged announcement for the rest
+
+
+def test_layouts_require_exactly_one_complete_key_set() -> None:
+    img = ArraySpec((None, None, 3), "uint8", optional=True)
+    spec = InputSpec({"a": img, "b": img, "canvas": img, "prompt": TextSpec()}, layouts=(("a", "b"), ("canvas",)))
+    pic = np.zeros((4, 4, 3), np.uint8)
+    spec.validate({"a": pic, "b": pic, "prompt": "x"})
+    spec.validate({"canvas": pic, "prompt": "x"})
+    with pytest.raises(ObservationError, match=r"^b: missing required key \(send all keys of one layout"):
+        spec.validate({"a": pic, "prompt": "x"})
+    with pytest.raises(ObservationError, match="^a: missing required key"):
+        spec.validate({"prompt": "x"})
+    with pytest.raises(ObservationError, match="^a: mixes two layouts"):
+        spec.validate({"a": pic, "canvas": pic, "prompt": "x"})

@@ -7,7 +7,9 @@ announced to clients in the server metadata (``to_dict``), so they know what to 
 
 Dtypes are either an exact numpy name (``"uint8"``, ``"float32"``) or a family: ``"floating"``,
 ``"integer"``, ``"number"`` (LIBERO clients send float64 state where a model computes in float32).
-Shapes use ``None`` for a free dimension.
+Shapes use ``None`` for a free dimension; ``alt_shapes`` lists other accepted shapes, because real
+clients disagree on some fields (DROID clients send the gripper as ``(1,)`` or as a 0-D scalar,
+and openpi's ``DroidInputs`` accepts both). A field that accepts ``()`` also takes a plain Python number.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class ArraySpec:
     dtype: str = "number"
     optional: bool = False
     description: str = ""
+    alt_shapes: tuple[tuple[int | None, ...], ...] = ()  # other accepted shapes, e.g. ((),) for a scalar too
 
     def __post_init__(self) -> None:
         if self.dtype not in _FAMILIES:
@@ -59,22 +62,43 @@ class ArraySpec:
             return bool(np.issubdtype(dtype, family))
         return bool(dtype == np.dtype(self.dtype))
 
+    @property
+    def shapes(self) -> tuple[tuple[int | None, ...], ...]:
+        """Every accepted shape, the main one first."""
+        return (self.shape, *self.alt_shapes)
+
+    def shape_ok(self, shape: tuple[int, ...]) -> bool:
+        return any(
+            len(shape) == len(want) and all(w is None or w == g for w, g in zip(want, shape)) for want in self.shapes
+        )
+
     def check(self, key: str, value: Any) -> None:
         if isinstance(value, np.generic):
             value = np.asarray(value)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and () in self.shapes:
+            value = np.asarray(value)
         if not isinstance(value, np.ndarray):
             raise ObservationError(
-                key, f"expected an array of shape {_fmt_shape(self.shape)} {self.dtype}, got {type(value).__name__}"
+                key, f"expected an array of shape {self.describe_shape()} {self.dtype}, got {type(value).__name__}"
             )
-        if len(value.shape) != len(self.shape) or any(
-            want is not None and want != got for want, got in zip(self.shape, value.shape)
-        ):
-            raise ObservationError(key, f"expected shape {_fmt_shape(self.shape)}, got {_fmt_shape(value.shape)}")
+        if not self.shape_ok(value.shape):
+            raise ObservationError(key, f"expected shape {self.describe_shape()}, got {_fmt_shape(value.shape)}")
         if not self.dtype_ok(value.dtype):
             raise ObservationError(key, f"expected dtype {self.dtype}, got {value.dtype}")
 
+    def describe_shape(self) -> str:
+        return " or ".join(_fmt_shape(s) for s in self.shapes)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": "array", "shape": list(self.shape), "dtype": self.dtype, "optional": self.optional}
+        out: dict[str, Any] = {
+            "kind": "array",
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "optional": self.optional,
+        }
+        if self.alt_shapes:
+            out["alt_shapes"] = [list(s) for s in self.alt_shapes]
+        return out
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,9 @@ class InputSpec:
     fields: Mapping[str, FieldSpec]
     allow_extra: bool = False
     ignored_keys: frozenset[str] = field(default_factory=frozenset)
+    # alternative key sets (their fields declared optional): an observation holds all keys of exactly one,
+    # e.g. cosmos3 DROID takes the three camera views or the canvas a RoboLab client composed from them
+    layouts: tuple[tuple[str, ...], ...] = ()
 
     def validate(self, obs: Any) -> None:
         """Raise ``ObservationError`` naming the first offending key; return silently when valid."""
@@ -113,6 +140,7 @@ class InputSpec:
                     continue
                 raise ObservationError(key, f"missing required key (expected keys: {sorted(self.fields)})")
             spec.check(key, obs[key])
+        self._check_layouts(obs)
         if not self.allow_extra:
             for key in obs:
                 if key in self.fields or key in self.ignored_keys:
@@ -120,6 +148,23 @@ class InputSpec:
                 hint = difflib.get_close_matches(str(key), list(self.fields), n=1)
                 extra = f"; did you mean {hint[0]!r}?" if hint else f" (expected keys: {sorted(self.fields)})"
                 raise ObservationError(str(key), f"unknown key{extra}")
+
+    def _check_layouts(self, obs: Mapping[str, Any]) -> None:
+        if not self.layouts:
+            return
+        choices = " or ".join(str(list(layout)) for layout in self.layouts)
+        complete = [layout for layout in self.layouts if all(k in obs for k in layout)]
+        if not complete:
+            closest = max(self.layouts, key=lambda layout: sum(k in obs for k in layout))  # first of the best
+            missing = next(k for k in closest if k not in obs)
+            raise ObservationError(missing, f"missing required key (send all keys of one layout: {choices})")
+        chosen = set(complete[0])
+        for layout in self.layouts:
+            for key in layout:
+                if key in obs and key not in chosen:
+                    raise ObservationError(
+                        key, f"mixes two layouts: {sorted(chosen)} is complete; send the keys of one of {choices}"
+                    )
 
     def to_dict(self) -> dict[str, Any]:
         return {key: spec.to_dict() for key, spec in self.fields.items()}
@@ -134,8 +179,11 @@ class InputSpec:
             if item["kind"] == "text":
                 fields[key] = TextSpec(optional=bool(item.get("optional", False)))
             else:
-                shape = tuple(None if d is None else int(d) for d in item.get("shape", ()))
-                fields[key] = ArraySpec(shape, str(item.get("dtype", "number")), bool(item.get("optional", False)))
+                shape = _parse_shape(item.get("shape", ()))
+                alts = tuple(_parse_shape(s) for s in item.get("alt_shapes", ()))
+                fields[key] = ArraySpec(
+                    shape, str(item.get("dtype", "number")), bool(item.get("optional", False)), alt_shapes=alts
+                )
         return cls(fields, allow_extra=allow_extra)
 
     def example(self, *, free_dim: int = 1, prompt: str = "do something") -> dict[str, Any]:
@@ -149,6 +197,10 @@ class InputSpec:
             dtype = np.dtype(family.get(spec.dtype, spec.dtype))
             obs[key] = np.zeros(tuple(free_dim if d is None else d for d in spec.shape), dtype=dtype)
         return obs
+
+
+def _parse_shape(dims: Any) -> tuple[int | None, ...]:
+    return tuple(None if d is None else int(d) for d in dims)
 
 
 def _fmt_shape(shape: tuple[int | None, ...]) -> str:

@@ -4,7 +4,8 @@ What turns a robot observation into the model's inputs and its output rows back 
 
 - ``droid`` (Cosmos3-Nano/Edge-Policy-DROID, RoboLab / RoboArena / openpi DROID clients): the wrist
   view on top, the two exterior views at half size side by side below, resized to 540x640 (aspect
-  ignored); the state row ``[q(7), 1 - g]``; chunk 32, 4 UniPC steps, guidance 3, shift 5, fps 15,
+  ignored; RoboLab's cosmos3 client sends that canvas already composed, and it is only resized);
+  the state row ``[q(7), 1 - g]``; chunk 32, 4 UniPC steps, guidance 3, shift 5, fps 15,
   tier 480, domain 8; outputs ``[q(7), g]`` with the gripper flipped back (1 = closed), raw units;
 - ``libero``: third-person | wrist side by side (256x512), no state row; chunk 16, 30 steps,
   guidance 1, shift 3 (tier 256), fps 20, domain 5; outputs 10-D frame-wise ``[dpos(3), rot6d(6), g]``
@@ -29,9 +30,11 @@ from cosmos_robot.policies.cosmos3.sampler import SampleSettings
 __all__ = [
     "DROID",
     "EMBODIMENTS",
+    "DROID_CANVAS_HW",
     "LIBERO",
     "Embodiment",
     "axis_angle_to_matrix",
+    "droid_canvas",
     "droid_composite",
     "libero_composite",
     "matrix_to_axis_angle",
@@ -39,6 +42,7 @@ __all__ = [
     "rot6d_to_matrix",
 ]
 
+DROID_CANVAS_HW = (540, 640)  # cosmos-framework's RoboLab server: --image-height 540 --image-width 640
 # cosmos-framework's RoboLab server appends this to the prompt's framing for the composite view
 CONCAT_VIEW_DESCRIPTION = (
     "The top row is from the wrist-mounted camera. The bottom row contains two horizontally concatenated "
@@ -111,7 +115,19 @@ def _chw(img: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None].float()
 
 
-def droid_composite(wrist: np.ndarray, ext1: np.ndarray, ext2: np.ndarray, out_hw: tuple[int, int] = (540, 640)):
+def droid_canvas(image: np.ndarray, out_hw: tuple[int, int] = DROID_CANVAS_HW) -> np.ndarray:
+    """A client-composed canvas (RoboLab's ``observation/image``) resized to ``out_hw``, aspect ignored
+    as cosmos-framework's RoboLab server does; returned unchanged when it already has that size."""
+    img = np.asarray(image)
+    if img.shape[:2] == tuple(out_hw):
+        return np.ascontiguousarray(img)
+    out = F.interpolate(_chw(img), size=out_hw, mode="bilinear", align_corners=False)
+    return out[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def droid_composite(
+    wrist: np.ndarray, ext1: np.ndarray, ext2: np.ndarray, out_hw: tuple[int, int] = DROID_CANVAS_HW
+) -> np.ndarray:
     """Wrist view on top, both exteriors at half size side by side below, resized to ``out_hw``."""
     w = _chw(wrist)
     h, wd = w.shape[-2:]

@@ -9,10 +9,13 @@ cosmos-framework conventions apply (``conventions.DROID`` or ``LIBERO``) comes f
 
 Requests, per embodiment (openpi / RoboArena / RoboLab DROID keys; openpi LIBERO keys):
 
-- droid: ``observation/exterior_image_1_left``, ``observation/exterior_image_2_left``,
-  ``observation/wrist_image_left`` (HxWx3 uint8), ``observation/joint_position`` (7),
-  ``observation/gripper_position`` (1, 0 open .. 1 closed), ``prompt`` -> ``actions`` (32, 8):
-  absolute joint positions + gripper (1 = closed);
+- droid: the three views ``observation/exterior_image_1_left``, ``observation/exterior_image_2_left``,
+  ``observation/wrist_image_left`` (HxWx3 uint8; RoboArena / openpi DROID clients) OR the canvas
+  they compose, ``observation/image`` (RoboLab's cosmos3 client sends it at 540x640), plus
+  ``observation/joint_position`` (7), ``observation/gripper_position`` ((1,), (T,), (T, 1) or a 0-D
+  scalar; 0 open .. 1 closed; the last value is used), ``prompt`` -> ``actions`` (32, 8): absolute
+  joint positions + gripper (1 = closed), also under ``action``, the key cosmos-framework's RoboLab
+  server replies with and RoboLab's ``Cosmos3Client`` reads;
 - libero: ``observation/image``, ``observation/wrist_image``, ``prompt`` (``observation/state`` is
   accepted and unused) -> ``actions`` (16, 7): ``[dpos, drotvec, gripper in -1..1]``.
 
@@ -30,8 +33,10 @@ from typing import Any
 import numpy as np
 
 from cosmos_robot.policies.cosmos3.conventions import (
+    DROID_CANVAS_HW,
     EMBODIMENTS,
     Embodiment,
+    droid_canvas,
     droid_composite,
     libero_command,
     libero_composite,
@@ -49,24 +54,34 @@ _DOMAINS = {"droid_lerobot": "droid", "droid": "droid", "libero": "libero"}
 _IGNORED = frozenset({"session_id", "endpoint", "observation/object_state", "observation/cartesian_position"})
 
 
+CANVAS_KEY = "observation/image"
+VIEW_KEYS = ("observation/exterior_image_1_left", "observation/exterior_image_2_left", "observation/wrist_image_left")
+STATE_KEYS = ("observation/joint_position", "observation/gripper_position", "prompt")
+
+
 def _spec(embodiment: Embodiment) -> InputSpec:
     img = ArraySpec((None, None, 3), "uint8")
     if embodiment.name == "droid":
+        # the views and the canvas are optional fields; the spec's layouts require exactly one of the two
+        view = ArraySpec((None, None, 3), "uint8", optional=True, description="one of the three DROID views")
         fields: dict[str, ArraySpec | TextSpec] = {
-            "observation/exterior_image_1_left": img,
-            "observation/exterior_image_2_left": img,
-            "observation/wrist_image_left": img,
+            **{key: view for key in VIEW_KEYS},
+            CANVAS_KEY: ArraySpec(
+                (None, None, 3), "uint8", optional=True, description="wrist on top, exterior 1 | 2 below (540x640)"
+            ),
             "observation/joint_position": ArraySpec((7,), "number"),
-            "observation/gripper_position": ArraySpec((None,), "number"),
+            "observation/gripper_position": ArraySpec(
+                (None,), "number", alt_shapes=((), (None, 1)), description="0 = open .. 1 = closed"
+            ),
             "prompt": TextSpec(),
         }
-    else:
-        fields = {
-            "observation/image": img,
-            "observation/wrist_image": img,
-            "observation/state": ArraySpec((None,), "number", optional=True, description="accepted, unused"),
-            "prompt": TextSpec(),
-        }
+        return InputSpec(fields, allow_extra=False, ignored_keys=_IGNORED, layouts=(VIEW_KEYS, (CANVAS_KEY,)))
+    fields = {
+        "observation/image": img,
+        "observation/wrist_image": img,
+        "observation/state": ArraySpec((None,), "number", optional=True, description="accepted, unused"),
+        "prompt": TextSpec(),
+    }
     return InputSpec(fields, allow_extra=False, ignored_keys=_IGNORED)
 
 
@@ -120,13 +135,25 @@ class Cosmos3Policy(BatchPolicy):
             "guidance": s.guidance,
             "expected_keys": sorted(self._spec.fields),
         }
-        if self.embodiment.name == "droid":  # RoboArena's PolicyServerConfig fields
-            meta.update(
+        if self.embodiment.name == "droid":
+            meta.update(  # RoboArena's PolicyServerConfig fields
                 image_resolution=None,
                 needs_wrist_camera=True,
                 n_external_cameras=2,
                 needs_stereo_camera=False,
                 needs_session_id=False,
+            )
+            meta.update(  # what RoboLab / RoboArena / cosmos-framework clients need to know
+                observation_layouts={
+                    "views": [*VIEW_KEYS, *STATE_KEYS],
+                    "canvas": [CANVAS_KEY, *STATE_KEYS],
+                },
+                canvas_resolution=list(DROID_CANVAS_HW),
+                gripper_convention={
+                    "observation/gripper_position": "0 = open .. 1 = closed; (1,), (T,), (T, 1) or a scalar",
+                    "actions[:, 7]": "0 = open .. 1 = closed (continuous; RoboLab clients close above 0.5)",
+                },
+                action_keys=["actions", "action"],
             )
         return meta
 
@@ -142,23 +169,29 @@ class Cosmos3Policy(BatchPolicy):
             raise ObservationError(
                 missing[0], f"observation {index}: missing for the {self.embodiment.name} conventions{hint}"
             )
-        self._spec.validate(obs)
+        self._spec.validate(obs)  # also: exactly one image layout (three views or the canvas)
 
     def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out = []
         for i, obs in enumerate(obs_batch):
             self._check(obs, i)
-            out.append({"actions": self._one(obs)})
+            actions = self._one(obs)
+            # cosmos-framework's RoboLab server names the chunk ``action``; openpi clients read ``actions``
+            droid = self.embodiment.name == "droid"
+            out.append({"actions": actions, "action": actions} if droid else {"actions": actions})
         return out
 
     def _one(self, obs: Mapping[str, Any]) -> np.ndarray:
         s = self.embodiment.settings
         if self.embodiment.name == "droid":
-            image = droid_composite(
-                np.asarray(obs["observation/wrist_image_left"]),
-                np.asarray(obs["observation/exterior_image_1_left"]),
-                np.asarray(obs["observation/exterior_image_2_left"]),
-            )
+            if CANVAS_KEY in obs:
+                image = droid_canvas(np.asarray(obs[CANVAS_KEY]))
+            else:
+                image = droid_composite(
+                    np.asarray(obs["observation/wrist_image_left"]),
+                    np.asarray(obs["observation/exterior_image_1_left"]),
+                    np.asarray(obs["observation/exterior_image_2_left"]),
+                )
             q = np.asarray(obs["observation/joint_position"], np.float32).reshape(7)
             g = float(np.asarray(obs["observation/gripper_position"], np.float32).reshape(-1)[-1])
             state = np.concatenate([q, [1.0 - g]]).astype(np.float32)  # the model's gripper is flipped

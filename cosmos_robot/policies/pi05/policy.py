@@ -251,6 +251,7 @@ class Pi05Policy(BatchPolicy):
             "image_resolution": list(cfg.image_resolution),
             "num_flow_steps": self.num_steps,
             "expected_keys": self.io.expected_keys,
+            **({"state_from": self.io.state_from} if self.io.state_from else {}),
         }
 
     @property

@@ -37,9 +37,15 @@ def tiny_architecture(chunk: int = 10, image_size: int = 56) -> Pi05Architecture
 
 
 def tiny_lerobot_config(
-    arch: Pi05Architecture, state_dim: int = 8, action_dim: int = 7, n_action_steps: int = 5, num_steps: int = 4
+    arch: Pi05Architecture,
+    state_dim: int = 8,
+    action_dim: int = 7,
+    n_action_steps: int = 5,
+    num_steps: int = 4,
+    cameras: tuple[str, ...] = ("image", "image2"),
 ) -> Any:
-    """LeRobot's own ``PI05Config`` for two cameras (``image``, ``image2``), as its LIBERO checkpoints name them."""
+    """LeRobot's own ``PI05Config``; by default two cameras (``image``, ``image2``), as its LIBERO
+    checkpoints name them (DROID: ``("exterior_image_1_left", "wrist_image_left")``)."""
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.pi05 import PI05Config
 
@@ -54,8 +60,7 @@ def tiny_lerobot_config(
         tokenizer_max_length=48,
         image_resolution=(size, size),
         input_features={
-            "observation.images.image": PolicyFeature(FeatureType.VISUAL, (3, size, size)),
-            "observation.images.image2": PolicyFeature(FeatureType.VISUAL, (3, size, size)),
+            **{f"observation.images.{cam}": PolicyFeature(FeatureType.VISUAL, (3, size, size)) for cam in cameras},
             "observation.state": PolicyFeature(FeatureType.STATE, (state_dim,)),
         },
         output_features={"action": PolicyFeature(FeatureType.ACTION, (action_dim,))},
@@ -85,6 +90,7 @@ def build_tiny_pi05(
     action_dim: int = 7,
     stats: dict[str, dict[str, list[float]]] | None = None,
     scale: float = 0.05,
+    cameras: tuple[str, ...] = ("image", "image2"),
 ) -> Pi05Policy:
     """A random tiny ``Pi05Policy`` with LeRobot's processors (random quantile stats unless given)."""
     arch = tiny_architecture(chunk)
@@ -97,7 +103,7 @@ def build_tiny_pi05(
         "observation.state": quantile_stats(state_dim, seed),
         "action": quantile_stats(action_dim, seed + 1),
     }
-    config = tiny_lerobot_config(arch, state_dim, action_dim, n_action_steps)
+    config = tiny_lerobot_config(arch, state_dim, action_dim, n_action_steps, cameras=cameras)
     return Pi05Policy.from_model(model, config, stats, make_byte_tokenizer())
 
 
