@@ -62,3 +62,44 @@ def test_pi05_flow_noise_is_refused_clearly(tmp_path: Path) -> None:
     config = debug_config("joint_ppo_pi05", tmp_path, "rollout.sample_mode=flow_noise", "train.iterations=1")
     with pytest.raises(ValueError, match="pi05 has no learned noise head"):
         run_rl(config, log=quiet)
+
+
+@pytest.mark.slow
+def test_libero_recipe_runs_on_the_real_libero(tmp_path: Path) -> None:
+    """recipes/joint_ppo_pi05_libero_spatial.toml, shrunk: rollouts in LIBERO's venv, one PPO update."""
+    import json
+
+    from cosmos_robot_trainers.launch import load_train_recipe
+    from tests.helpers import libero_python
+
+    libero_python()
+    small = [
+        f"init={json.dumps(str(INIT))}",
+        f"output.dir={json.dumps(str(tmp_path))}",
+        'env.tasks=["pick_up_the_black_bowl_on_the_ramekin_and_place_it_on_the_plate"]',
+        "env.num_envs=2",
+        "env.image_size=32",
+        "env.max_steps=10",
+        "rollout.episodes_per_iter=2",
+        "algo.critic_warmup_iters=0",
+        "optim.minibatch_size=4",
+        "train.iterations=1",
+        "train.progress=false",
+        "eval.initial=false",
+        "eval.final=false",
+        "eval.every=0",
+    ]
+    _, config = load_train_recipe("joint_ppo_pi05_libero_spatial", small)
+    result = run_rl(config, log=quiet)
+    assert result.final_dir is not None and isinstance(load_policy(result.final_dir), Pi05Policy)
+    (record,) = read_metrics(tmp_path)
+    assert record["ratio_dev_first_mb"] < 1e-3
+    assert record["env_steps"] == 20 and record["decisions"] == 4  # 2 episodes x 10 steps, chunks of 5
+    assert record["train_success"] == 0.0 and record["episode_length"] == 10.0
+
+
+def test_libero_recipe_refuses_progress_shaping(tmp_path: Path) -> None:
+    from cosmos_robot_trainers.launch import load_train_recipe
+
+    with pytest.raises(ValueError, match="reward.shaping_coef needs the env's progress signal"):
+        load_train_recipe("joint_ppo_pi05_libero_spatial", ["reward.shaping_coef=1.0"])

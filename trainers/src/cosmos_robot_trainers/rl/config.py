@@ -37,9 +37,12 @@ TABLETOP_TASKS = ["reach", "push", "pick_place", "open_drawer"]
 
 
 class EnvConfig(StrictModel):
-    """The simulated envs the rollouts run on (the multi-task tabletop env, one process per env)."""
+    """The simulated envs the rollouts run on: one multi-task env of the suite per slot (a process each)."""
 
-    tasks: list[str] = Field(default_factory=lambda: list(TABLETOP_TASKS))  # tabletop tasks, assigned round-robin
+    suite: str = (
+        "tabletop"  # env suite (cosmos_robot_envs.eval): tabletop, or libero_spatial / _object / _goal / _10 / _90
+    )
+    tasks: list[str] = Field(default_factory=lambda: list(TABLETOP_TASKS))  # the suite's tasks, assigned round-robin
     num_envs: int = Field(default=8, ge=1)  # envs stepping in lockstep (one batched policy call per decision)
     vector_mode: Literal["sync", "async", "ray"] = "async"  # in-process, a process per env, or a Ray actor per env
     image_size: int = Field(default=128, ge=8)  # camera side the envs render (the policy resizes, as when serving)
@@ -172,6 +175,11 @@ class RLConfig(StrictModel):
         if self.trainer in ("joint_ppo", "grpo") and self.rollout.sample_mode == "ode":
             raise ValueError(
                 f"rollout.sample_mode 'ode' has no log-probs; {self.trainer} needs 'flow_sde' or 'flow_noise'"
+            )
+        if self.env.suite != "tabletop" and self.reward.shaping_coef > 0:
+            raise ValueError(
+                f"reward.shaping_coef needs the env's progress signal (info['dense_reward']), which only the "
+                f"tabletop suite has; env.suite is {self.env.suite!r}: set reward.shaping_coef = 0"
             )
         if self.rollout.num_workers > self.env.num_envs:
             raise ValueError(

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 
 from cosmos_robot.policies.flow.sampling import sample_actions
+from cosmos_robot_envs.eval import get_suite
+from cosmos_robot_envs.eval.suites import LIBERO_INIT_STATES
 from cosmos_robot_envs.vector import BatchedEnv, EnvFactory, make_vector_env
 from cosmos_robot_trainers.rl.config import RLConfig
 from cosmos_robot_trainers.rl.policies import RLPolicy
@@ -42,6 +44,21 @@ from cosmos_robot_trainers.rl.policies import RLPolicy
 __all__ = ["EpisodeSpec", "Rollout", "RolloutWorker", "concat_rollouts", "episode_specs", "make_envs"]
 
 TRAIN_SEED_BASE = 1_000_000  # training layouts start here; evaluation uses small seeds (eval.seed = 1000)
+
+
+def train_tasks(config: RLConfig) -> list[str]:
+    """``env.tasks``, checked against the suite; empty means all of the suite's tasks."""
+    if config.env.suite == "tabletop" and config.env.tasks:
+        return list(config.env.tasks)
+    return list(get_suite(config.env.suite).resolve_tasks(config.env.tasks))
+
+
+def reset_options(config: RLConfig, spec: EpisodeSpec) -> dict[str, Any]:
+    """The env's reset options for an episode: its task; on LIBERO also the benchmark initial state,
+    ``seed mod 50`` (a group shares its seed, so its episodes start from the same state)."""
+    if config.env.suite.startswith("libero"):
+        return {"task": spec.task, "init_state": spec.seed % LIBERO_INIT_STATES}
+    return {"task": spec.task}
 
 
 @dataclass(frozen=True)
@@ -58,7 +75,7 @@ def episode_specs(config: RLConfig, iteration: int) -> list[EpisodeSpec]:
     """The iteration's episodes: ``episodes_per_iter / group_size`` groups, tasks round-robin."""
     g = config.algo.group_size
     n_groups = config.rollout.episodes_per_iter // g
-    tasks = config.env.tasks
+    tasks = train_tasks(config)
     specs: list[EpisodeSpec] = []
     for group in range(n_groups):
         serial = iteration * n_groups + group
@@ -144,7 +161,18 @@ def index_inputs(inputs: dict[str, Any], idx: torch.Tensor, device: torch.device
 
 
 def make_envs(config: RLConfig, num_envs: int | None = None) -> BatchedEnv:
-    """The multi-task tabletop env, ``num_envs`` copies behind the project's vector layer."""
+    """The suite's multi-task env, ``num_envs`` copies behind the project's vector layer.
+
+    Other suites come from the evaluator's registry (LIBERO's envs run under its own interpreter,
+    in ``async`` mode)."""
+    if config.env.suite != "tabletop":
+        suite = get_suite(config.env.suite)
+        return make_vector_env(
+            suite.make_env(tuple(train_tasks(config)), config.env.image_size, config.env.max_steps),
+            num_envs=num_envs or config.env.num_envs,
+            mode=config.env.vector_mode,
+            step_timeout=config.env.step_timeout,
+        )
     kwargs = {
         "tasks": list(config.env.tasks),
         "obs_mode": "rgb",
@@ -295,7 +323,9 @@ class RolloutWorker:
                 mask[[i for i, _ in start]] = True
                 t0 = time.perf_counter()
                 obs, infos = venv.reset(
-                    seeds=[s.seed for _, s in start], options=[{"task": s.task} for _, s in start], mask=mask
+                    seeds=[s.seed for _, s in start],
+                    options=[reset_options(self.config, s) for _, s in start],
+                    mask=mask,
                 )
                 wall["env"] += time.perf_counter() - t0
                 for i, spec in start:

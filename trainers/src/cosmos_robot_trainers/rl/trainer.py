@@ -103,6 +103,7 @@ def _seed(config: RLConfig, iteration: int, stream: int) -> int:
 def _eval_cfg(config: RLConfig, episodes: int) -> EvalHookConfig:
     e = config.eval
     return EvalHookConfig(
+        suite=config.env.suite,
         tasks=list(config.env.tasks),
         episodes_per_task=episodes,
         num_envs=e.num_envs,

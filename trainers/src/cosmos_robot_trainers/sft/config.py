@@ -99,6 +99,7 @@ class EvalHookConfig(StrictModel):
 
     every: int = Field(default=0, ge=0)  # steps between evaluations during training (0: never)
     final: bool = False  # evaluate the exported final policy
+    suite: str = "tabletop"  # env suite (cosmos_robot_envs.eval)
     tasks: list[str] = Field(default_factory=list)  # task names (empty: the whole suite)
     episodes_per_task: int = Field(default=10, ge=1)  # episodes per task and evaluation
     num_envs: int = Field(default=2, ge=1)  # envs in lockstep

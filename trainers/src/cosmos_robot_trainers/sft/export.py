@@ -76,16 +76,16 @@ def export_policy(policy: Any, out_dir: str | Path) -> Path:
 
 
 def evaluate_policy(policy: BasePolicy, cfg: EvalHookConfig, out_dir: str | Path, label: str) -> dict[str, Any]:
-    """Roll the policy out in the tabletop suite (``cosmos_robot_envs.eval.run_eval``); results.json content.
+    """Roll the policy out in the config's suite (``cosmos_robot_envs.eval.run_eval``); results.json content.
 
     ``label`` names the policy in the results (``sft:step500``, ``joint_ppo:iter20``).
     """
     from cosmos_robot_envs.eval import EvalConfig, get_suite, run_eval
 
-    tasks = get_suite("tabletop").resolve_tasks(list(cfg.tasks))
+    tasks = get_suite(cfg.suite).resolve_tasks(list(cfg.tasks))
     config = EvalConfig(
         policy=label,
-        suite="tabletop",
+        suite=cfg.suite,
         tasks=tuple(tasks),
         episodes_per_task=cfg.episodes_per_task,
         num_envs=cfg.num_envs,
