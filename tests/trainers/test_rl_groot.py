@@ -81,3 +81,34 @@ def test_groot_freeze_vlm_keeps_the_backbone(groot_folder: Path, tmp_path: Path)
     backbone = [k for k in before if k.startswith(BACKBONE_PREFIX)]
     assert backbone and all(torch.equal(before[k], after[k]) for k in backbone)
     assert not torch.equal(before[HEAD_KEY], after[HEAD_KEY])
+
+
+@pytest.mark.slow
+def test_libero_recipe_runs_on_the_real_libero(groot_folder: Path, tmp_path: Path) -> None:
+    """recipes/joint_ppo_groot_libero_spatial.toml, shrunk: rollouts in LIBERO's venv, one PPO update."""
+    from cosmos_robot_trainers.launch import load_train_recipe
+    from tests.helpers import libero_python
+
+    libero_python()
+    small = [
+        f"init={json.dumps(str(groot_folder))}",
+        f"output.dir={json.dumps(str(tmp_path))}",
+        'env.tasks=["pick_up_the_black_bowl_next_to_the_plate_and_place_it_on_the_plate"]',
+        "env.num_envs=2",
+        "env.image_size=32",
+        "env.max_steps=10",
+        "rollout.episodes_per_iter=2",
+        "algo.critic_warmup_iters=0",
+        "optim.minibatch_size=4",
+        "train.iterations=1",
+        "train.progress=false",
+        "eval.initial=false",
+        "eval.final=false",
+        "eval.every=0",
+    ]
+    _, config = load_train_recipe("joint_ppo_groot_libero_spatial", small)
+    result = run_rl(config, log=quiet)
+    assert result.final_dir is not None and isinstance(load_policy(result.final_dir), Gr00tPolicy)
+    (record,) = read_metrics(tmp_path)
+    assert record["ratio_dev_first_mb"] < 1e-3
+    assert record["env_steps"] == 20 and record["decisions"] == 4

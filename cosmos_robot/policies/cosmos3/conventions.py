@@ -26,6 +26,13 @@ import torch
 import torch.nn.functional as F
 
 from cosmos_robot.policies.cosmos3.sampler import SampleSettings
+from cosmos_robot_envs.libero.actions import (
+    CosmosFrameworkLiberoActions,
+    axis_angle_to_matrix,
+    matrix_to_axis_angle,
+    matrix_to_rot6d,
+    rot6d_to_matrix,
+)
 
 __all__ = [
     "DROID",
@@ -145,51 +152,14 @@ def libero_composite(third: np.ndarray, wrist: np.ndarray, side: int = 256) -> n
     return torch.cat([a, b], dim=-1)[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
-# --- rotations (the LIBERO 10-D action) -----------------------------------------------------------
-def rot6d_to_matrix(r6: np.ndarray) -> np.ndarray:
-    """(..., 6) = the first two columns of R -> (..., 3, 3), as cosmos-framework decodes it: the third
-    column is their cross product, then the matrix is projected onto SO(3) by SVD (det fixed to +1)."""
-    r6 = np.asarray(r6, dtype=np.float64)
-    c0, c1 = r6[..., 0:3], r6[..., 3:6]
-    m = np.stack([c0, c1, np.cross(c0, c1)], axis=-1)
-    u, _, vt = np.linalg.svd(m)
-    det = np.linalg.det(u @ vt)
-    u[..., :, 2] *= np.where(det < 0, -1.0, 1.0)[..., None]
-    return u @ vt
-
-
-def matrix_to_rot6d(m: np.ndarray) -> np.ndarray:
-    """(..., 3, 3) -> (..., 6) ``[R00, R10, R20, R01, R11, R21]``."""
-    m = np.asarray(m, dtype=np.float64)
-    return np.concatenate([m[..., :, 0], m[..., :, 1]], axis=-1)
-
-
-def matrix_to_axis_angle(m: np.ndarray) -> np.ndarray:
-    from scipy.spatial.transform import Rotation
-
-    m = np.asarray(m, dtype=np.float64)
-    return Rotation.from_matrix(m.reshape(-1, 3, 3)).as_rotvec().reshape(*m.shape[:-2], 3)
-
-
-def axis_angle_to_matrix(v: np.ndarray) -> np.ndarray:
-    from scipy.spatial.transform import Rotation
-
-    v = np.asarray(v, dtype=np.float64)
-    return Rotation.from_rotvec(v.reshape(-1, 3)).as_matrix().reshape(*v.shape[:-1], 3, 3)
-
-
+# --- the LIBERO 10-D action: numpy conversions shared with the env side -----------------------------
 def libero_command(rows: np.ndarray, q01: np.ndarray, q99: np.ndarray) -> np.ndarray:
     """(H, 10) model rows -> (H, 7) LIBERO OSC command ``[dpos(3), drotvec(3), gripper]``.
 
-    Quantile de-normalisation ``(x + 1) / 2 (q99 - q01) + q01`` of the translation and gripper
-    (rot6d dims pass through, as in cosmos-framework's ``quantile_rot``); rot6d -> rotation vector;
-    the gripper g in [0, 1] becomes LIBERO's command ``1 - 2g`` in [-1, 1] (cosmos-framework's
-    ``zero_one`` gripper mode: +1 opens, -1 closes).
+    cosmos-framework's ``quantile_rot`` de-normalisation ``(x + 1) / 2 (q99 - q01) + q01`` of the
+    translation and gripper (rot6d dims pass through), rot6d -> rotation vector, and its ``zero_one``
+    gripper: g in [0, 1] becomes ``1 - 2g`` (+1 opens, -1 closes). See
+    :class:`cosmos_robot_envs.libero.actions.CosmosFrameworkLiberoActions`.
     """
-    x = np.asarray(rows, dtype=np.float64)
-    q01, q99 = np.asarray(q01, np.float64), np.asarray(q99, np.float64)
-    scaled = (x + 1.0) / 2.0 * np.maximum(q99 - q01, 1e-6) + q01
-    dpos, grip = scaled[:, 0:3], scaled[:, 9]
-    rotvec = matrix_to_axis_angle(rot6d_to_matrix(x[:, 3:9]))
-    gripper = np.clip(1.0 - 2.0 * grip, -1.0, 1.0)[:, None]
-    return np.concatenate([dpos, rotvec, gripper], axis=1).astype(np.float32)
+    conv = CosmosFrameworkLiberoActions("6d", q01=np.asarray(q01, np.float64), q99=np.asarray(q99, np.float64))
+    return conv.to_env(rows)
