@@ -11,6 +11,7 @@ Both run the same transformer, VAE and scheduler on the same image, prompt and s
 - ``ours_droid_interval``: the same with the Edge guidance interval (960, 1001).
 
     .venv/bin/python benchmarks/cosmos3_latency.py --tier 480 --iters 3                  # tiny random model, CPU
+    python benchmarks/cosmos3_latency.py --size nano --device cuda --dtype bfloat16         # Nano-sized, random
     python benchmarks/cosmos3_latency.py --folder /path/to/Cosmos3-Nano-Policy-DROID --device cuda --dtype bfloat16
 """
 
@@ -44,9 +45,43 @@ def timed(fn, iters: int, device: str) -> tuple[dict[str, float], object]:
     return {"p50_ms": round(float(np.percentile(times, 50)), 1), "max_ms": round(float(max(times)), 1)}, out
 
 
+def _params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def build_nano_pipeline(device: str, dtype: torch.dtype):
+    """Cosmos3-Nano's shapes with random weights, built on ``device``: the transformer at diffusers'
+    defaults (hidden 4096, 36 layers, 32/8 heads, head_dim 128, 48 latent channels) with the action
+    head, the Wan2.2-TI2V-5B VAE (48 channels, 16x spatial / 4x temporal), UniPC on flow sigmas."""
+    from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
+
+    from cosmos_robot.policies.cosmos3.tiny import _tokenizer
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        transformer = Cosmos3OmniTransformer(action_gen=True, action_dim=64).to(dtype)
+        vae = AutoencoderKLWan(
+            base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+            temperal_downsample=[False, True, True], is_residual=True, patch_size=2, in_channels=12,
+            out_channels=12, scale_factor_temporal=4, scale_factor_spatial=16,
+            latents_mean=[0.0] * 48, latents_std=[1.0] * 48,
+        ).to(dtype)  # fmt: skip
+    scheduler = UniPCMultistepScheduler(
+        use_flow_sigmas=True, use_karras_sigmas=False, flow_shift=5.0, prediction_type="flow_prediction"
+    )
+    return Cosmos3OmniPipeline(
+        transformer=transformer, text_tokenizer=_tokenizer(), vae=vae, scheduler=scheduler,
+        enable_safety_checker=False, default_use_system_prompt=False, use_native_flow_schedule=True,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--folder", type=Path, default=None, help="a Cosmos3 pipeline folder (default: tiny random)")
+    ap.add_argument("--folder", type=Path, default=None, help="a Cosmos3 pipeline folder (default: random weights)")
+    ap.add_argument(
+        "--size", choices=["tiny", "nano"], default="tiny",
+        help="random weights: tiny (0.3 M) or Cosmos3-Nano's size (transformer 4096 x 36 layers, Wan2.2 VAE)",
+    )  # fmt: skip
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--tier", type=int, default=480)
@@ -61,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     from cosmos_robot.policies.cosmos3.tiny import build_tiny_pipeline
 
     torch_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
-    if args.folder is None:
+    if args.folder is None and args.size == "nano":
+        pipe = build_nano_pipeline(args.device, torch_dtype)
+    elif args.folder is None:
         pipe = build_tiny_pipeline(seed=0)
     else:
         pipe = Cosmos3OmniPipeline.from_pretrained(
@@ -107,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         lambda: sampler.sample(image, prompt, interval, state, 5), args.iters, args.device
     )
     report = {
-        "model": str(args.folder or "tiny random (0.3 M parameters)"),
+        "model": str(
+            args.folder or f"{args.size} random ({_params(pipe.transformer) / 1e9:.3f} B transformer parameters)"
+        ),
+        "dtype": args.dtype,
         "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "threads": torch.get_num_threads(),
         "tier": args.tier,

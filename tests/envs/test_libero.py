@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cosmos_robot_envs.libero.actions import (
+from cosmos_robot_client.libero_actions import (
     CosmosFrameworkLiberoActions,
     OpenpiLiberoActions,
     axis_angle_to_matrix,

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from cosmos_robot.policies.cosmos3.sampler import SampleSettings
-from cosmos_robot_envs.libero.actions import (
+from cosmos_robot_client.libero_actions import (
     CosmosFrameworkLiberoActions,
     axis_angle_to_matrix,
     matrix_to_axis_angle,
@@ -159,7 +159,7 @@ def libero_command(rows: np.ndarray, q01: np.ndarray, q99: np.ndarray) -> np.nda
     cosmos-framework's ``quantile_rot`` de-normalisation ``(x + 1) / 2 (q99 - q01) + q01`` of the
     translation and gripper (rot6d dims pass through), rot6d -> rotation vector, and its ``zero_one``
     gripper: g in [0, 1] becomes ``1 - 2g`` (+1 opens, -1 closes). See
-    :class:`cosmos_robot_envs.libero.actions.CosmosFrameworkLiberoActions`.
+    :class:`cosmos_robot_client.libero_actions.CosmosFrameworkLiberoActions`.
     """
     conv = CosmosFrameworkLiberoActions("6d", q01=np.asarray(q01, np.float64), q99=np.asarray(q99, np.float64))
     return conv.to_env(rows)

@@ -18,7 +18,8 @@ gripper command (-1 opens, +1 closes). Policies are trained in other layouts:
 ``to_env`` maps model rows to commands; ``from_env`` maps recorded commands (a LIBERO dataset's
 actions) to model rows, for training. They invert each other (tests check both directions to
 1e-9): rotation vectors are returned with angles in [0, pi], the only range the controller's
-deltas use. NumPy only (no torch, no scipy), so the simulator side can use them too.
+deltas use. NumPy only (no torch, no scipy, no simulator): it lives in the client package so a
+robot computer, the LIBERO env side and the cosmos3 policy all share one implementation.
 """
 
 from __future__ import annotations
