@@ -86,13 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--tier", type=int, default=480)
     ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="also time our loop with torch.compile'd transformer blocks")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
 
     from diffusers import Cosmos3OmniPipeline, CosmosActionCondition
 
     from cosmos_robot.policies.cosmos3.conventions import DROID, droid_composite
-    from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
+    from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler, transformer_blocks
     from cosmos_robot.policies.cosmos3.tiny import build_tiny_pipeline
 
     torch_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
@@ -143,6 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     rows["ours_droid_interval"], (_, info_i) = timed(
         lambda: sampler.sample(image, prompt, interval, state, 5), args.iters, args.device
     )
+    if args.compile:  # after the uncompiled rows: the stock pipeline shares the transformer
+        for block in transformer_blocks(pipe.transformer):
+            block.compile()
+        rows["ours_droid_compiled"], _ = timed(
+            lambda: sampler.sample(image, prompt, s, state, 5), args.iters, args.device
+        )
+        rows["ours_droid_interval_compiled"], _ = timed(
+            lambda: sampler.sample(image, prompt, interval, state, 5), args.iters, args.device
+        )
     report = {
         "model": str(
             args.folder or f"{args.size} random ({_params(pipe.transformer) / 1e9:.3f} B transformer parameters)"

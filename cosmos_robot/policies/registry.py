@@ -74,6 +74,19 @@ def require_files(root: Path, names: tuple[str, ...], what: str, note: str = "")
         )
 
 
+def torch_dtype(value: Any) -> Any:
+    """``"float32"`` / ``"bfloat16"`` / ``"float16"`` (or a ``torch.dtype``) as a ``torch.dtype``;
+    anything else is a ``CheckpointError`` listing the choices."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        return value
+    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if value not in table:
+        raise CheckpointError(f"dtype must be one of {sorted(table)}, got {value!r}")
+    return table[value]
+
+
 def detect_family(ckpt_dir: str | Path) -> str:
     """The family name of a checkpoint folder, from ``config.json`` or ``model_index.json``."""
     root = Path(ckpt_dir)

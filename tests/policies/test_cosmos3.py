@@ -20,7 +20,7 @@ from cosmos_robot.policies.cosmos3.conventions import (
     rot6d_to_matrix,
 )
 from cosmos_robot.policies.cosmos3.policy import Cosmos3Policy
-from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
+from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler, transformer_blocks
 from cosmos_robot.policies.cosmos3.tiny import build_tiny_cosmos3, build_tiny_pipeline
 from cosmos_robot_client.spec import ObservationError
 
@@ -157,3 +157,14 @@ def test_bad_folders_are_named(tmp_path: Path) -> None:
     (folder / "cosmos_robot_policy.json").unlink()
     with pytest.raises(CheckpointError, match="which policy conventions apply is not recorded"):
         load_policy(folder)
+
+
+def test_dtype_and_compile_options(tmp_path: Path) -> None:
+    folder = build_tiny_cosmos3(tmp_path / "c3", "droid")
+    policy = Cosmos3Policy.from_pretrained(folder, dtype="bfloat16")
+    assert policy.pipe.transformer.dtype == torch.bfloat16
+    with pytest.raises(CheckpointError, match="dtype must be one of"):
+        Cosmos3Policy.from_pretrained(folder, dtype="int8")
+    compiled = Cosmos3Policy.from_pretrained(folder, compile=True)
+    blocks = transformer_blocks(compiled.pipe.transformer)
+    assert len(blocks) == 2 and all(b._compiled_call_impl is not None for b in blocks)

@@ -42,8 +42,8 @@ from cosmos_robot.policies.cosmos3.conventions import (
     libero_composite,
     with_overrides,
 )
-from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
-from cosmos_robot.policies.registry import CheckpointError, read_json
+from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler, transformer_blocks
+from cosmos_robot.policies.registry import CheckpointError, read_json, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
 
@@ -98,8 +98,15 @@ class Cosmos3Policy(BatchPolicy):
         self._spec = _spec(embodiment)
 
     @classmethod
-    def from_pretrained(cls, ckpt_dir: str | Path, device: str = "cpu") -> Cosmos3Policy:
+    def from_pretrained(
+        cls, ckpt_dir: str | Path, device: str = "cpu", dtype: str | None = None, compile: bool = False
+    ) -> Cosmos3Policy:
+        """Load a diffusers Cosmos3 pipeline folder. ``dtype``: the weights' dtype (default: bfloat16
+        on CUDA, float32 on the CPU; diffusers keeps the modules it must in float32). ``compile``:
+        ``torch.compile`` each transformer block (1.3x on an H200 at Cosmos3-Nano's size, see
+        docs/benchmarks.md; the first chunk then takes a minute)."""
         root = Path(ckpt_dir)
+        weights_dtype = torch_dtype(dtype or ("bfloat16" if str(device).startswith("cuda") else "float32"))
         index = read_json(root / "model_index.json")
         missing = [
             name
@@ -112,13 +119,18 @@ class Cosmos3Policy(BatchPolicy):
         from diffusers import Cosmos3OmniPipeline
 
         try:
-            pipe = Cosmos3OmniPipeline.from_pretrained(str(root), enable_safety_checker=False)
+            pipe = Cosmos3OmniPipeline.from_pretrained(
+                str(root), enable_safety_checker=False, torch_dtype=weights_dtype
+            )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{root}: diffusers could not load the Cosmos3 pipeline: {exc}") from exc
         if not getattr(pipe.transformer.config, "action_gen", False):
             raise CheckpointError(f"{root}/transformer: action_gen is false: this checkpoint generates no actions")
         pipe.to(device)
         pipe.set_progress_bar_config(disable=True)
+        if compile:
+            for block in transformer_blocks(pipe.transformer):
+                block.compile()
         return cls(pipe, embodiment, stats)
 
     # --- BasePolicy ------------------------------------------------------------------------------

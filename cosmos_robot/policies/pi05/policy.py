@@ -42,7 +42,7 @@ from cosmos_robot.policies.pi05.checkpoint import (
     write_architecture,
 )
 from cosmos_robot.policies.pi05.modeling import GraphedGenerate, Pi05Architecture, Pi05Model, PrefixCache
-from cosmos_robot.policies.registry import CheckpointError
+from cosmos_robot.policies.registry import CheckpointError, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import InputSpec
 
@@ -182,10 +182,10 @@ class Pi05Policy(BatchPolicy):
             raise CheckpointError(
                 f"{root}: the tokenizer has {len(tokenizer)} tokens but the embedding only {arch.vocab_size}"
             )
-        torch_dtype = _dtype(dtype if dtype is not None else raw.get("dtype", "float32"))
+        weights_dtype = torch_dtype(dtype if dtype is not None else raw.get("dtype", "float32"))
         with torch.device("meta"):
             model = Pi05Model(arch)
-        load_weights(model, root / WEIGHTS_FILE, torch_dtype, precision)
+        load_weights(model, root / WEIGHTS_FILE, weights_dtype, precision)
         model.to(device)
         lr_config.device = str(torch.device(device))
         from lerobot.policies.factory import make_pre_post_processors
@@ -310,15 +310,6 @@ class Pi05Policy(BatchPolicy):
             start = self.serving_noise(inputs.batch_size) if noise is None else noise.to(self.device)
             actions = self.unnormalize(self.generate(inputs, start.float()))
         return [{"actions": chunk} for chunk in actions]
-
-
-def _dtype(value: str | torch.dtype) -> torch.dtype:
-    if isinstance(value, torch.dtype):
-        return value
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if value not in table:
-        raise CheckpointError(f"dtype must be one of {sorted(table)}, got {value!r}")
-    return table[value]
 
 
 def _lerobot_config(root: Path) -> Any:
