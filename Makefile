@@ -52,7 +52,7 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@echo "setup: .venv-py310 with $(PY310)"
 	@test -x .venv-py310/bin/python || $(PY310) -m venv .venv-py310
 	@.venv-py310/bin/python -m pip install $(PIP_QUIET) --upgrade pip
-	@.venv-py310/bin/python -m pip install $(PIP_QUIET) -e clients -e policy_server -e envs pytest pytest-timeout msgpack-numpy
+	@.venv-py310/bin/python -m pip install $(PIP_QUIET) -e clients -e "policy_server[alpasim]" -e envs pytest pytest-timeout msgpack-numpy
 	@touch $@
 
 # LIBERO (robosuite 1.4.0) needs mujoco<3.9, older than the rest of the stack: it gets a venv of its own,

@@ -5,21 +5,8 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-import pytest
-
 from tests.cli.test_cli import _start_serve
 from tests.policy_server.test_alpasim import Driver
-
-
-@pytest.fixture(scope="module")
-def pb() -> Any:
-    pytest.importorskip("grpc")
-    from cosmos_robot_server.alpasim.proto import common_pb2, egodriver_pb2, egodriver_pb2_grpc, sensorsim_pb2
-
-    class PB:
-        common, ego, grpc_mod, sensorsim = common_pb2, egodriver_pb2, egodriver_pb2_grpc, sensorsim_pb2
-
-    return PB
 
 
 class _Stub(Driver):

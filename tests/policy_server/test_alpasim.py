@@ -203,17 +203,6 @@ class RecordingPolicy(BasePolicy):
         self.closed = True
 
 
-@pytest.fixture(scope="module")
-def pb() -> Any:
-    pytest.importorskip("grpc")
-    from cosmos_robot_server.alpasim.proto import common_pb2, egodriver_pb2, egodriver_pb2_grpc, sensorsim_pb2
-
-    class PB:
-        common, ego, grpc_mod, sensorsim = common_pb2, egodriver_pb2, egodriver_pb2_grpc, sensorsim_pb2
-
-    return PB
-
-
 class Driver:
     """A running server plus a client stub; ``call(name, msg)`` returns the reply or the RpcError."""
 

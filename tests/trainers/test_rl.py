@@ -42,6 +42,26 @@ def debug_config(algo: str, out: Path, *overrides: str) -> RLConfig:
     return config
 
 
+def libero_overrides(init: Path, out: Path, task: str) -> list[str]:
+    """A LIBERO RL recipe shrunk to seconds: one task, 2 envs of 32 px, 10-step episodes, one update."""
+    return [
+        f"init={json.dumps(str(init))}",
+        f"output.dir={json.dumps(str(out))}",
+        f"env.tasks={json.dumps([task])}",
+        "env.num_envs=2",
+        "env.image_size=32",
+        "env.max_steps=10",
+        "rollout.episodes_per_iter=2",
+        "algo.critic_warmup_iters=0",
+        "optim.minibatch_size=4",
+        "train.iterations=1",
+        "train.progress=false",
+        "eval.initial=false",
+        "eval.final=false",
+        "eval.every=0",
+    ]
+
+
 def deterministic(record: dict) -> dict:
     return {k: v for k, v in record.items() if not any(k.startswith(p) for p in NOT_DETERMINISTIC)}
 

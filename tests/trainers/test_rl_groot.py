@@ -16,7 +16,7 @@ from cosmos_robot.policies.groot.tiny import build_tiny_groot
 from cosmos_robot_trainers.rl import run_rl
 from cosmos_robot_trainers.rl.policies import Gr00tRLPolicy
 from tests.policies._pi05_helpers import libero_obs
-from tests.trainers.test_rl import debug_config, deterministic, quiet, read_metrics
+from tests.trainers.test_rl import debug_config, deterministic, libero_overrides, quiet, read_metrics
 
 HEAD_KEY = "_groot_model.action_head.action_decoder.layer2.W"
 BACKBONE_PREFIX = "_groot_model.backbone."
@@ -90,22 +90,9 @@ def test_libero_recipe_runs_on_the_real_libero(groot_folder: Path, tmp_path: Pat
     from tests.helpers import libero_python
 
     libero_python()
-    small = [
-        f"init={json.dumps(str(groot_folder))}",
-        f"output.dir={json.dumps(str(tmp_path))}",
-        'env.tasks=["pick_up_the_black_bowl_next_to_the_plate_and_place_it_on_the_plate"]',
-        "env.num_envs=2",
-        "env.image_size=32",
-        "env.max_steps=10",
-        "rollout.episodes_per_iter=2",
-        "algo.critic_warmup_iters=0",
-        "optim.minibatch_size=4",
-        "train.iterations=1",
-        "train.progress=false",
-        "eval.initial=false",
-        "eval.final=false",
-        "eval.every=0",
-    ]
+    small = libero_overrides(
+        groot_folder, tmp_path, "pick_up_the_black_bowl_next_to_the_plate_and_place_it_on_the_plate"
+    )
     _, config = load_train_recipe("joint_ppo_groot_libero_spatial", small)
     result = run_rl(config, log=quiet)
     assert result.final_dir is not None and isinstance(load_policy(result.final_dir), Gr00tPolicy)

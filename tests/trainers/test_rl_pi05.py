@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from cosmos_robot.policies import load_policy
 from cosmos_robot.policies.pi05.policy import Pi05Policy
 from cosmos_robot_trainers.rl import run_rl
-from tests.trainers.test_rl import ROOT, debug_config, deterministic, quiet, read_metrics
+from tests.trainers.test_rl import ROOT, debug_config, deterministic, libero_overrides, quiet, read_metrics
 
 INIT = ROOT / "checkpoints" / "pi05_tiny"
 EXPERT_KEY = "model.paligemma_with_expert.gemma_expert.model.layers.0.mlp.up_proj.weight"
@@ -67,28 +67,12 @@ def test_pi05_flow_noise_is_refused_clearly(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_libero_recipe_runs_on_the_real_libero(tmp_path: Path) -> None:
     """recipes/joint_ppo_pi05_libero_spatial.toml, shrunk: rollouts in LIBERO's venv, one PPO update."""
-    import json
 
     from cosmos_robot_trainers.launch import load_train_recipe
     from tests.helpers import libero_python
 
     libero_python()
-    small = [
-        f"init={json.dumps(str(INIT))}",
-        f"output.dir={json.dumps(str(tmp_path))}",
-        'env.tasks=["pick_up_the_black_bowl_on_the_ramekin_and_place_it_on_the_plate"]',
-        "env.num_envs=2",
-        "env.image_size=32",
-        "env.max_steps=10",
-        "rollout.episodes_per_iter=2",
-        "algo.critic_warmup_iters=0",
-        "optim.minibatch_size=4",
-        "train.iterations=1",
-        "train.progress=false",
-        "eval.initial=false",
-        "eval.final=false",
-        "eval.every=0",
-    ]
+    small = libero_overrides(INIT, tmp_path, "pick_up_the_black_bowl_on_the_ramekin_and_place_it_on_the_plate")
     _, config = load_train_recipe("joint_ppo_pi05_libero_spatial", small)
     result = run_rl(config, log=quiet)
     assert result.final_dir is not None and isinstance(load_policy(result.final_dir), Pi05Policy)
