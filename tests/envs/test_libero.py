@@ -259,3 +259,37 @@ def test_init_state_reader_rebuilds_numpy_pickles_without_unpickling(tmp_path: P
         z.writestr("archive/data.pkl", pickle.dumps(io.StringIO("x")))
     with pytest.raises(LiberoSetupError, match="evil.pruned_init"):
         load_init_states(evil)
+
+
+@pytest.mark.slow
+def test_success_comes_from_the_task_predicates() -> None:
+    """Put the bowl on the plate in the simulator: the BDDL goal (on bowl plate) ends the episode, reward 1."""
+    code = textwrap.dedent(
+        f"""
+        import json
+        import numpy as np
+        from cosmos_robot_envs.libero.env import LiberoEnv
+        env = LiberoEnv("libero_spatial", image_size=32, cache_size=1)
+        env.reset(seed=0, options={{"task": "{SPATIAL_0}", "init_state": 0}})
+        _, r0, term0, _, info0 = env.step(np.zeros(7, np.float32))
+        sim = env._envs["{SPATIAL_0}"].sim
+        plate = sim.data.body_xpos[sim.model.body_name2id("plate_1_main")].copy()
+        qpos = sim.data.get_joint_qpos("akita_black_bowl_1_joint0").copy()
+        qpos[:3] = plate + np.array([0.0, 0.0, 0.04])
+        sim.data.set_joint_qpos("akita_black_bowl_1_joint0", qpos)
+        sim.forward()
+        for step in range(1, 21):
+            _, r, term, trunc, info = env.step(np.zeros(7, np.float32))
+            if term or trunc:
+                break
+        print(json.dumps({{"before": [r0, term0, info0["is_success"]], "after": [r, term, trunc, info["is_success"]]}}))
+        env.close()
+        """
+    )
+    done = subprocess.run(
+        [libero_python(), "-c", code], capture_output=True, text=True, timeout=600, check=False, cwd="/tmp"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["before"] == [0.0, False, False]
+    assert result["after"] == [1.0, True, False, True]
