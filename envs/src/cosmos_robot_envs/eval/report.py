@@ -49,7 +49,8 @@ def success_chart(tasks: dict[str, Any]) -> bytes:
     ax = fig.add_subplot()
     x = np.arange(len(names))
     ax.bar(x, 100 * rates, color="#4c72b0")
-    ax.errorbar(x, 100 * rates, yerr=[100 * (rates - lo), 100 * (hi - rates)], fmt="none", ecolor="black", capsize=4)
+    yerr = np.stack([100 * (rates - lo), 100 * (hi - rates)])  # a (2, N) array: a list of arrays warns on numpy 2
+    ax.errorbar(x, 100 * rates, yerr=yerr, fmt="none", ecolor="black", capsize=4)
     ax.set_xticks(x, names)
     ax.set_ylim(0, 105)
     ax.set_ylabel("success rate (%)")
