@@ -22,15 +22,57 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["build_tiny_groot"]
+__all__ = ["SIZES", "GrootSize", "build_tiny_groot"]
 
-TEXT_HIDDEN, IMG, MAX_DIM, HORIZON = 64, 64, 16, 16
+
+@dataclass(frozen=True)
+class GrootSize:
+    """The shapes of one build: the Qwen3-VL backbone's text and vision towers and GR00T's own."""
+
+    text: dict[str, Any]
+    vision: dict[str, Any]
+    base: dict[str, Any]  # GR00TN17Config fields (the rest: LeRobot's defaults, the released N1.7)
+    image: int  # GR00T's image_target_size side
+    max_dim: int  # max state/action dim
+    horizon: int  # action chunk
+    vocab_size: int | None = None  # None: the built tokenizer's length
+
+
+SIZES: dict[str, GrootSize] = {
+    "tiny": GrootSize(
+        text={"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "mrope_section": [4, 2, 2]},
+        vision={"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                "num_position_embeddings": 64, "deepstack_visual_indexes": [0]},
+        base={
+            "select_layer": 2, "hidden_size": 64, "input_embedding_dim": 64, "max_seq_len": 64,
+            "model_dtype": "float32", "dtype": "float32",
+            "diffusion_model_cfg": {"positional_embeddings": None, "num_layers": 2, "num_attention_heads": 2,
+                                    "attention_head_dim": 32, "norm_type": "ada_norm", "dropout": 0.0,
+                                    "final_dropout": True, "output_dim": 64, "interleave_self_attention": True},
+            "vl_self_attention_cfg": {"positional_embeddings": None, "num_layers": 1, "num_attention_heads": 2,
+                                      "attention_head_dim": 32, "dropout": 0.0, "final_dropout": True},
+        },
+        image=64, max_dim=16, horizon=16,
+    ),
+    # GR00T N1.7-3B: Cosmos-Reason2-2B (Qwen3-VL-2B) cut at layer 16, LeRobot's default action head
+    "released": GrootSize(
+        text={"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
+              "num_key_value_heads": 8, "head_dim": 128, "mrope_section": [24, 20, 20]},
+        vision={"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16,
+                "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17],
+                "hidden_act": "gelu_pytorch_tanh"},
+        base={"select_layer": 16},
+        image=256, max_dim=132, horizon=40, vocab_size=151936,
+    ),
+}  # fmt: skip
 STATE_GROUPS = {"x_y_z": 3, "roll_pitch_yaw": 3, "gripper": 2}  # LIBERO: eef pos, axis-angle, 2 finger joints
 ACTION_GROUPS = {"x_y_z": 3, "roll_pitch_yaw": 3, "gripper": 1}  # delta pos, delta rot, gripper
 VIDEO_KEYS = ["image", "wrist_image"]
@@ -74,14 +116,14 @@ def _tokenizer() -> Any:
     return tok
 
 
-def _backbone(path: Path) -> Path:
+def _backbone(path: Path, size: GrootSize) -> Path:
     from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLProcessor, Qwen3VLVideoProcessor
 
     path.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer()
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     vision = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2}
-    pixels = {"size": {"shortest_edge": 32 * 32, "longest_edge": 256 * 256}}
+    pixels = {"size": {"shortest_edge": 32 * 32, "longest_edge": max(256, size.image) ** 2}}
     norm = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
     image_processor = Qwen2VLImageProcessor(**vision, **pixels, **norm)
     video_processor = Qwen3VLVideoProcessor(**vision, **pixels, **norm)
@@ -99,18 +141,13 @@ def _backbone(path: Path) -> Path:
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
         text_config={
-            "vocab_size": len(tok),
-            "hidden_size": TEXT_HIDDEN,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 16,
+            "vocab_size": size.vocab_size or len(tok),
+            **{k: v for k, v in size.text.items() if k != "mrope_section"},
             "max_position_embeddings": 2048,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": 5_000_000.0,
-                "mrope_section": [4, 2, 2],  # sums to head_dim / 2
+                "mrope_section": size.text["mrope_section"],  # sums to head_dim / 2
                 "mrope_interleaved": True,
             },
             "tie_word_embeddings": True,
@@ -119,13 +156,8 @@ def _backbone(path: Path) -> Path:
             "pad_token_id": ids["<|endoftext|>"],
         },
         vision_config={
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "out_hidden_size": TEXT_HIDDEN,
-            "num_position_embeddings": 64,
-            "deepstack_visual_indexes": [0],
+            **size.vision,
+            "out_hidden_size": size.text["hidden_size"],
             "patch_size": 16,
             "temporal_patch_size": 2,
             "spatial_merge_size": 2,
@@ -142,46 +174,23 @@ def _group_stats(dim: int, seed: int) -> dict[str, list[float]]:
             "std": ((hi - lo) / 4).tolist(), "q01": lo.tolist(), "q99": hi.tolist()}  # fmt: skip
 
 
-def _base(path: Path, backbone: Path, seed: int) -> Path:
+def _base(path: Path, backbone: Path, seed: int, size: GrootSize) -> Path:
     from lerobot.policies.groot.groot_n1_7 import GR00TN17, GR00TN17Config
 
     path.mkdir(parents=True, exist_ok=True)
+    img = size.image
     config = GR00TN17Config(
         model_name=str(backbone),
         backbone_model_type="qwen",
-        backbone_embedding_dim=TEXT_HIDDEN,
-        select_layer=2,
-        model_dtype="float32",
-        dtype="float32",
-        max_state_dim=MAX_DIM,
-        max_action_dim=MAX_DIM,
-        action_horizon=HORIZON,
-        hidden_size=64,
-        input_embedding_dim=64,
-        max_seq_len=64,
+        backbone_embedding_dim=size.text["hidden_size"],
+        max_state_dim=size.max_dim,
+        max_action_dim=size.max_dim,
+        action_horizon=size.horizon,
         max_num_embodiments=32,
-        image_target_size=[IMG, IMG],
-        image_crop_size=[int(IMG * 0.9), int(IMG * 0.9)],
-        diffusion_model_cfg={
-            "positional_embeddings": None,
-            "num_layers": 2,
-            "num_attention_heads": 2,
-            "attention_head_dim": 32,
-            "norm_type": "ada_norm",
-            "dropout": 0.0,
-            "final_dropout": True,
-            "output_dim": 64,
-            "interleave_self_attention": True,
-        },  # fmt: skip
-        vl_self_attention_cfg={
-            "positional_embeddings": None,
-            "num_layers": 1,
-            "num_attention_heads": 2,
-            "attention_head_dim": 32,
-            "dropout": 0.0,
-            "final_dropout": True,
-        },  # fmt: skip
+        image_target_size=[img, img],
+        image_crop_size=[int(img * 0.9), int(img * 0.9)],
         num_inference_timesteps=4,
+        **size.base,
     )
     torch.manual_seed(seed)
     GR00TN17(config, load_backbone_weights=False).save_pretrained(path)
@@ -189,7 +198,7 @@ def _base(path: Path, backbone: Path, seed: int) -> Path:
         "video": {"delta_indices": [0], "modality_keys": VIDEO_KEYS},
         "state": {"delta_indices": [0], "modality_keys": list(STATE_GROUPS)},
         "action": {
-            "delta_indices": list(range(HORIZON)),
+            "delta_indices": list(range(size.horizon)),
             "modality_keys": list(ACTION_GROUPS),
             "action_configs": [{"rep": "absolute", "type": "non_eef", "format": "default"} for _ in ACTION_GROUPS],
         },
@@ -199,8 +208,8 @@ def _base(path: Path, backbone: Path, seed: int) -> Path:
         "processor_class": "Gr00tN1d7Processor",
         "processor_kwargs": {
             "modality_configs": {"libero_sim": modality},
-            "image_crop_size": [int(IMG * 0.9), int(IMG * 0.9)],
-            "image_target_size": [IMG, IMG],
+            "image_crop_size": [int(img * 0.9), int(img * 0.9)],
+            "image_target_size": [img, img],
             "shortest_image_edge": None,
             "crop_fraction": None,
             "use_albumentations": False,
@@ -210,9 +219,9 @@ def _base(path: Path, backbone: Path, seed: int) -> Path:
             "use_relative_action": False,
             "clip_outliers": True,
             "state_dropout_prob": 0.0,
-            "max_action_horizon": HORIZON,
-            "max_state_dim": MAX_DIM,
-            "max_action_dim": MAX_DIM,
+            "max_action_horizon": size.horizon,
+            "max_state_dim": size.max_dim,
+            "max_action_dim": size.max_dim,
         },
     }
     (path / "processor_config.json").write_text(json.dumps(processor, indent=2))
@@ -227,24 +236,30 @@ def _base(path: Path, backbone: Path, seed: int) -> Path:
     return path
 
 
-def build_tiny_groot(out: str | Path, seed: int = 0, n_action_steps: int = 8, scale: float = 0.05) -> Path:
-    """Write ``out/{backbone,base,policy}``; returns the policy folder (``serve --ckpt`` takes it)."""
+def build_tiny_groot(
+    out: str | Path, seed: int = 0, n_action_steps: int = 8, scale: float = 0.05, size: str = "tiny"
+) -> Path:
+    """Write ``out/{backbone,base,policy}``; returns the policy folder (``serve --ckpt`` takes it).
+
+    ``size="released"`` builds GR00T N1.7-3B's shapes (random weights, for GPU benchmarks; several
+    GB on disk, and LeRobot's own initialisation is kept instead of re-drawing every weight)."""
+    shape = SIZES[size]
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.policies.factory import make_pre_post_processors
     from lerobot.policies.groot import GrootConfig, GrootPolicy
 
     root = Path(out)
-    backbone = _backbone(root / "backbone" / "Qwen" / "Qwen3-VL-tiny")  # a Qwen/Qwen3-VL path: no name warning
-    base = _base(root / "base", backbone, seed)
+    backbone = _backbone(root / "backbone" / "Qwen" / f"Qwen3-VL-{size}", shape)  # a Qwen/Qwen3-VL path: no warning
+    base = _base(root / "base", backbone, seed, shape)
     config = GrootConfig(
         base_model_path=str(base),
         embodiment_tag="libero_sim",
         device="cpu",
-        use_bf16=False,
-        chunk_size=HORIZON,
+        use_bf16=size != "tiny",
+        chunk_size=shape.horizon,
         n_action_steps=n_action_steps,
-        max_state_dim=MAX_DIM,
-        max_action_dim=MAX_DIM,
+        max_state_dim=shape.max_dim,
+        max_action_dim=shape.max_dim,
         input_features={
             "observation.images.image": PolicyFeature(FeatureType.VISUAL, (3, 224, 224)),
             "observation.images.wrist_image": PolicyFeature(FeatureType.VISUAL, (3, 224, 224)),
@@ -255,7 +270,7 @@ def build_tiny_groot(out: str | Path, seed: int = 0, n_action_steps: int = 8, sc
     policy = GrootPolicy(config)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # random everywhere (zero-initialised layers would hide wiring mistakes)
-        for p in policy.parameters():
+        for p in policy.parameters() if size == "tiny" else ():
             if p.is_floating_point():
                 p.copy_(torch.randn(p.shape, generator=gen) * scale)
     # LeRobot's GR00T processor names the released backbone for its VLM step; point it at ours
@@ -272,8 +287,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="write a tiny random GR00T N1.7 checkpoint (LeRobot folders)")
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--size", choices=sorted(SIZES), default="tiny", help="released: GR00T N1.7-3B's shapes")
     args = ap.parse_args(argv)
-    print(f"wrote {build_tiny_groot(args.out, args.seed)}")
+    print(f"wrote {build_tiny_groot(args.out, args.seed, size=args.size)}")
 
 
 if __name__ == "__main__":

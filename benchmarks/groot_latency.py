@@ -1,0 +1,115 @@
+"""GR00T N1.7 action-chunk latency: where LeRobot's path spends its time, batch 1 and 8, one run.
+
+The folders are built with ``cosmos_robot.policies.groot.tiny`` (``--size released``: GR00T
+N1.7-3B's shapes with random weights: a Qwen3-VL-2B backbone cut at layer 16, the 32-layer DiT
+action head, 4 flow steps, chunk 40) and loaded the way ``serve --ckpt`` loads them. Rows:
+
+- ``lerobot predict_action_chunk``: LeRobot's own model call on an already-processed batch (the
+  reference the issue names);
+- ``preprocessor``: LeRobot's processor pipeline (Qwen3-VL image processing, tokenisation,
+  normalisation) on the raw observations;
+- ``served (ours = LeRobot's pipeline)``: ``Gr00tPolicy.infer_batch``, what our server runs per
+  batch (preprocessor + model + postprocessor).
+
+    python benchmarks/groot_latency.py --size released --device cuda --batch 1 8 --iters 20
+    .venv/bin/python benchmarks/groot_latency.py --size tiny --iters 5          # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import torch
+
+
+def _obs(seed: int, size: int = 224) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    return {
+        "observation/image": rng.integers(0, 256, (size, size, 3), dtype=np.uint8),
+        "observation/wrist_image": rng.integers(0, 256, (size, size, 3), dtype=np.uint8),
+        "observation/state": rng.uniform(-1, 1, 8).astype(np.float32),
+        "prompt": "pick up the black bowl between the plate and the ramekin and place it on the plate",
+    }
+
+
+def timed(fn: Any, iters: int, cuda: bool) -> dict[str, float]:
+    fn()
+    fn()  # warm-up (first calls allocate and tune kernels)
+    times = []
+    for _ in range(iters):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return {"p50_ms": round(float(np.percentile(times, 50)), 1), "p99_ms": round(float(np.percentile(times, 99)), 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=["tiny", "released"], default="tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--folder", type=Path, default=None, help="build into this folder, or reuse FOLDER/policy")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    from cosmos_robot.policies.groot.policy import Gr00tPolicy
+    from cosmos_robot.policies.groot.tiny import build_tiny_groot
+
+    t0 = time.perf_counter()
+    root = args.folder or Path(tempfile.mkdtemp(prefix="groot_bench_"))
+    folder = root / "policy" if (root / "policy" / "config.json").is_file() else build_tiny_groot(root, size=args.size)
+    build_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    served = Gr00tPolicy.from_pretrained(folder, device=args.device)
+    load_s = time.perf_counter() - t0
+    params = sum(p.numel() for p in served.policy.parameters())
+    cuda = args.device.startswith("cuda")
+    rows: dict[str, Any] = {}
+    for b in args.batch:
+        obs = [_obs(i) for i in range(b)]
+        batch = served.io.batch(obs)
+        with torch.inference_mode():
+            processed = served.preprocessor(batch)
+            rows[f"b{b}"] = {
+                "lerobot predict_action_chunk": timed(
+                    lambda p=processed: served.policy.predict_action_chunk(p), args.iters, cuda
+                ),
+                "preprocessor": timed(lambda bt=batch: served.preprocessor(bt), args.iters, cuda),
+            }
+        rows[f"b{b}"]["served (ours = LeRobot's pipeline)"] = timed(
+            lambda o=obs: served.infer_batch(o), args.iters, cuda
+        )
+    report = {
+        "size": args.size,
+        "parameters_b": round(params / 1e9, 3),
+        "dtype": str(next(served.policy.parameters()).dtype),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "chunk": int(served.policy.config.chunk_size),
+        "build_s": round(build_s, 1),
+        "load_s": round(load_s, 1),
+        "latency": rows,
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
