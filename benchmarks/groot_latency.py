@@ -8,8 +8,10 @@ action head, 4 flow steps, chunk 40) and loaded the way ``serve --ckpt`` loads t
   reference the issue names);
 - ``preprocessor``: LeRobot's processor pipeline (Qwen3-VL image processing, tokenisation,
   normalisation) on the raw observations;
-- ``served (ours = LeRobot's pipeline)``: ``Gr00tPolicy.infer_batch``, what our server runs per
-  batch (preprocessor + model + postprocessor).
+- ``ours model``: ``Gr00tPolicy._predict`` on the same processed batch: LeRobot's backbone and
+  heads, the flow loop replayed as a CUDA graph (``cosmos_robot.policies.groot.fast``);
+- ``ours served``: ``Gr00tPolicy.infer_batch``, what our server runs per batch (preprocessor +
+  model + postprocessor); ``bf16`` rows also cast the weights to bfloat16 (``-a dtype=bfloat16``).
 
     python benchmarks/groot_latency.py --size released --device cuda --batch 1 8 --iters 20
     .venv/bin/python benchmarks/groot_latency.py --size tiny --iters 5          # CPU smoke run
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     served = Gr00tPolicy.from_pretrained(folder, device=args.device)
     load_s = time.perf_counter() - t0
+    fast = Gr00tPolicy.from_pretrained(folder, device=args.device, dtype="bfloat16") if args.device != "cpu" else None
     params = sum(p.numel() for p in served.policy.parameters())
     cuda = args.device.startswith("cuda")
     rows: dict[str, Any] = {}
@@ -90,10 +93,15 @@ def main(argv: list[str] | None = None) -> int:
                     lambda p=processed: served.policy.predict_action_chunk(p), args.iters, cuda
                 ),
                 "preprocessor": timed(lambda bt=batch: served.preprocessor(bt), args.iters, cuda),
+                "ours model (graphed flow loop)": timed(lambda p=processed: served._predict(p), args.iters, cuda),
             }
-        rows[f"b{b}"]["served (ours = LeRobot's pipeline)"] = timed(
-            lambda o=obs: served.infer_batch(o), args.iters, cuda
-        )
+            if fast is not None:
+                rows[f"b{b}"]["ours model, bf16 weights"] = timed(
+                    lambda p=processed: fast._predict(p), args.iters, cuda
+                )
+        rows[f"b{b}"]["ours served"] = timed(lambda o=obs: served.infer_batch(o), args.iters, cuda)
+        if fast is not None:
+            rows[f"b{b}"]["ours served, bf16 weights"] = timed(lambda o=obs: fast.infer_batch(o), args.iters, cuda)
     report = {
         "size": args.size,
         "parameters_b": round(params / 1e9, 3),

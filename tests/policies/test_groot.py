@@ -69,3 +69,37 @@ def test_bad_folders_are_named(groot_folder: Path, tmp_path: Path) -> None:
     (bad2 / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="base_model_path .* does not exist"):
         load_policy(bad2)
+
+
+def _lerobot_chunks(policy: Gr00tPolicy, obs: list[dict]) -> np.ndarray:
+    """LeRobot's own pipeline: preprocessor -> GrootPolicy.predict_action_chunk -> postprocessor."""
+    import torch
+
+    with torch.inference_mode(), torch.random.fork_rng():
+        torch.manual_seed(policy.serve_seed)
+        out = policy.postprocessor(policy.policy.predict_action_chunk(policy.preprocessor(policy.io.batch(obs))))
+    return out.float().numpy()
+
+
+def test_served_loop_is_lerobots_predict_action_chunk(policy: Gr00tPolicy) -> None:
+    """Our flow loop (graphed on CUDA) computes what LeRobot's get_action computes, from the same noise."""
+    obs = [libero_obs(0), libero_obs(1)]
+    ours = np.stack([a["actions"] for a in policy.infer_batch(obs)])
+    np.testing.assert_allclose(ours, _lerobot_chunks(policy, obs), atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_loop_matches_eager(groot_folder: Path) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    graphed = Gr00tPolicy.from_pretrained(groot_folder, device="cuda")
+    eager = Gr00tPolicy.from_pretrained(groot_folder, device="cuda", cuda_graphs=False)
+    obs = [libero_obs(i) for i in range(3)]
+    for _ in range(2):  # the second call replays the captured graph
+        a = np.stack([r["actions"] for r in graphed.infer_batch(obs)])
+    b = np.stack([r["actions"] for r in eager.infer_batch(obs)])
+    np.testing.assert_allclose(a, b, atol=1e-4)
+    np.testing.assert_allclose(b, _lerobot_chunks(eager, obs), atol=1e-4)
+    assert len(graphed._loop._graphs) == 1

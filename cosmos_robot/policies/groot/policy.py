@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos_robot.policies.groot.fast import GraphedEulerLoop
 from cosmos_robot.policies.lerobot_io import LeRobotIO
-from cosmos_robot.policies.registry import CheckpointError, read_json, require_files
+from cosmos_robot.policies.registry import CheckpointError, read_json, require_files, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import InputSpec
 
@@ -37,17 +38,31 @@ REQUIRED_FILES = ("config.json", "model.safetensors", "policy_preprocessor.json"
 class Gr00tPolicy(BatchPolicy):
     """Serve a GR00T N1.7 folder: ``infer_batch(list of obs) -> [{"actions": float32 (H, D)}]``."""
 
-    def __init__(self, policy: Any, preprocessor: Any, postprocessor: Any, serve_seed: int = 0) -> None:
+    def __init__(
+        self, policy: Any, preprocessor: Any, postprocessor: Any, serve_seed: int = 0, cuda_graphs: bool = True
+    ) -> None:
         self.policy = policy.eval()
         self.preprocessor, self.postprocessor = preprocessor, postprocessor
         self.serve_seed = serve_seed
         cfg = policy.config
         self.io = LeRobotIO(cfg.input_features)
         self.action_dim = int(cfg.output_features["action"].shape[0])
+        autocast = torch.bfloat16 if cfg.use_bf16 else None
+        self._loop = GraphedEulerLoop(policy._groot_model.action_head, cuda_graphs, autocast)
 
     @classmethod
-    def from_pretrained(cls, ckpt_dir: str | Path, device: str | torch.device = "cpu") -> Gr00tPolicy:
+    def from_pretrained(
+        cls,
+        ckpt_dir: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: str | None = None,
+        cuda_graphs: bool = True,
+    ) -> Gr00tPolicy:
+        """Load a LeRobot GR00T folder. ``dtype``: cast the weights (``bfloat16``; default: as saved,
+        LeRobot's float32, under its bf16 autocast when ``use_bf16``). ``cuda_graphs``: on CUDA the
+        action head's flow loop replays as a CUDA graph (:mod:`.fast`)."""
         root = Path(ckpt_dir)
+        weights_dtype = torch_dtype(dtype) if dtype is not None else None
         require_files(root, REQUIRED_FILES, "LeRobot GR00T")
         raw = read_json(root / "config.json")
         if raw.get("type") != "groot":
@@ -67,6 +82,8 @@ class Gr00tPolicy(BatchPolicy):
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise CheckpointError(f"{root}: LeRobot could not load this GR00T policy (base {base!r}): {exc}") from exc
         policy.to(device)
+        if weights_dtype is not None:
+            policy.to(weights_dtype)
         policy.config.device = str(torch.device(device))
         try:
             pre, post = make_pre_post_processors(
@@ -76,7 +93,7 @@ class Gr00tPolicy(BatchPolicy):
             )
         except (OSError, ValueError, KeyError) as exc:
             raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
-        return cls(policy, pre, post)
+        return cls(policy, pre, post, cuda_graphs=cuda_graphs)
 
     def save_pretrained(self, ckpt_dir: str | Path) -> Path:
         """LeRobot's folder again: the policy (config naming the same base model) and both processors."""
@@ -115,10 +132,36 @@ class Gr00tPolicy(BatchPolicy):
         with torch.inference_mode(), torch.random.fork_rng(devices=_devices(self.policy)):
             torch.manual_seed(self.serve_seed)
             processed = self.preprocessor(batch)
-            chunk = self.policy.predict_action_chunk(processed)
+            chunk = self._predict(processed)
             actions = self.postprocessor(chunk)
         arr = np.asarray(actions.float().cpu().numpy(), dtype=np.float32)
         return [{"actions": a} for a in arr]
+
+    def _predict(self, processed: dict[str, Any]) -> torch.Tensor:
+        """LeRobot's ``predict_action_chunk`` (without real-time chunking), its flow loop graphed."""
+        policy = self.policy
+        groot = policy._groot_model
+        head = groot.action_head
+        inputs = policy._filter_groot_inputs(processed, include_action=False)
+        device = next(groot.parameters()).device
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=policy.config.use_bf16):
+            backbone_inputs, action_inputs = groot.prepare_input(inputs)
+            backbone_output = groot.backbone(backbone_inputs)
+            features = head._encode_features(backbone_output, action_inputs)
+            vl = features.backbone_features
+            # GR00T's own draw, at the same point of the same seeded stream: the same noise
+            noise = torch.randn(size=(vl.shape[0], head.config.action_horizon, head.action_dim), dtype=vl.dtype,
+                                device=vl.device)  # fmt: skip
+        actions = self._loop(
+            vl,
+            features.state_features,
+            action_inputs.embodiment_id,
+            backbone_output.get("image_mask"),
+            backbone_output.get("backbone_attention_mask"),
+            noise,
+        )
+        actions = actions[:, : policy._resolve_prediction_horizon(actions)]
+        return actions[:, :, : self.action_dim]
 
 
 def _devices(policy: Any) -> list[int]:
