@@ -92,8 +92,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from diffusers import Cosmos3OmniPipeline, CosmosActionCondition
 
+    from cosmos_robot.policies.compiling import transformer_blocks
     from cosmos_robot.policies.cosmos3.conventions import DROID, droid_composite
-    from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler, transformer_blocks
+    from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
     from cosmos_robot.policies.cosmos3.tiny import build_tiny_pipeline
 
     torch_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32

@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--folder", type=Path, default=None, help="build into this folder, or reuse FOLDER/policy")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--compile", action="store_true", help="bf16 rows also torch.compile every layer stack")
     args = ap.parse_args(argv)
 
     from cosmos_robot.policies.groot.policy import Gr00tPolicy
@@ -79,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     served = Gr00tPolicy.from_pretrained(folder, device=args.device)
     load_s = time.perf_counter() - t0
-    fast = Gr00tPolicy.from_pretrained(folder, device=args.device, dtype="bfloat16") if args.device != "cpu" else None
+    fast = None
+    if args.device != "cpu":
+        fast = Gr00tPolicy.from_pretrained(folder, device=args.device, dtype="bfloat16", compile=args.compile)
     params = sum(p.numel() for p in served.policy.parameters())
     cuda = args.device.startswith("cuda")
     rows: dict[str, Any] = {}
@@ -110,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         "chunk": int(served.policy.config.chunk_size),
         "build_s": round(build_s, 1),
         "load_s": round(load_s, 1),
+        "bf16_rows_compiled": args.compile,
         "latency": rows,
     }
     text = json.dumps(report, indent=2)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cosmos_robot.policies import CheckpointError, detect_family, load_policy
+from cosmos_robot.policies.compiling import transformer_blocks
 from cosmos_robot.policies.cosmos3.conventions import (
     DROID,
     axis_angle_to_matrix,
@@ -20,7 +21,7 @@ from cosmos_robot.policies.cosmos3.conventions import (
     rot6d_to_matrix,
 )
 from cosmos_robot.policies.cosmos3.policy import Cosmos3Policy
-from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler, transformer_blocks
+from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
 from cosmos_robot.policies.cosmos3.tiny import build_tiny_cosmos3, build_tiny_pipeline
 from cosmos_robot_client.spec import ObservationError
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from cosmos_robot.policies.compiling import transformer_blocks
 from cosmos_robot.policies.cosmos3.conventions import (
     DROID_CANVAS_HW,
     EMBODIMENTS,
@@ -42,7 +43,7 @@ from cosmos_robot.policies.cosmos3.conventions import (
     libero_composite,
     with_overrides,
 )
-from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler, transformer_blocks
+from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
 from cosmos_robot.policies.registry import CheckpointError, read_json, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec

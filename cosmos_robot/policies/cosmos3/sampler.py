@@ -260,13 +260,3 @@ class Cosmos3Sampler:
                 actions[: len(clean)] = clean_values
         out = actions[len(clean) :, : s.raw_dim].float().cpu().numpy()
         return out, {"transformer_calls": calls, "seq_len": packed["cond"][1]["seq_len"], "canvas": (height, wide)}
-
-
-def transformer_blocks(transformer: torch.nn.Module) -> list[torch.nn.Module]:
-    """The transformer's repeated layers (its longest ``ModuleList``), to ``torch.compile`` one by one:
-    the layers share one compiled graph, so compiling costs one layer's time, not the model's."""
-    best: list[torch.nn.Module] = [transformer]
-    for m in transformer.modules():
-        if isinstance(m, torch.nn.ModuleList) and len(m) > 1 and (best[0] is transformer or len(m) > len(best)):
-            best = list(m)
-    return best

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos_robot.policies.compiling import compile_blocks
 from cosmos_robot.policies.groot.fast import GraphedEulerLoop
 from cosmos_robot.policies.lerobot_io import LeRobotIO
 from cosmos_robot.policies.registry import CheckpointError, read_json, require_files, torch_dtype
@@ -57,10 +58,12 @@ class Gr00tPolicy(BatchPolicy):
         device: str | torch.device = "cpu",
         dtype: str | None = None,
         cuda_graphs: bool = True,
+        compile: bool = False,
     ) -> Gr00tPolicy:
         """Load a LeRobot GR00T folder. ``dtype``: cast the weights (``bfloat16``; default: as saved,
         LeRobot's float32, under its bf16 autocast when ``use_bf16``). ``cuda_graphs``: on CUDA the
-        action head's flow loop replays as a CUDA graph (:mod:`.fast`)."""
+        action head's flow loop replays as a CUDA graph (:mod:`.fast`). ``compile``: ``torch.compile``
+        every block of every layer stack (vision tower, language model, VL self-attention, DiT)."""
         root = Path(ckpt_dir)
         weights_dtype = torch_dtype(dtype) if dtype is not None else None
         require_files(root, REQUIRED_FILES, "LeRobot GR00T")
@@ -84,6 +87,8 @@ class Gr00tPolicy(BatchPolicy):
         policy.to(device)
         if weights_dtype is not None:
             policy.to(weights_dtype)
+        if compile:
+            compile_blocks(policy._groot_model, every_stack=True)
         policy.config.device = str(torch.device(device))
         try:
             pre, post = make_pre_post_processors(
