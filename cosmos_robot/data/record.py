@@ -200,6 +200,11 @@ def record_demonstrations(
     from cosmos_robot_envs.vector import make_vector_env
 
     out = Path(out_dir)
+    if config.suite != "tabletop":
+        raise ValueError(
+            f"suite {config.suite!r}: `record` rolls out the scripted experts, which exist for the tabletop suite "
+            "only; LIBERO's demonstrations are published as LeRobot datasets (e.g. the lerobot/libero_* ones)"
+        )
     suite = get_suite(config.suite)
     config = RecordConfig(**{**asdict(config), "tasks": suite.resolve_tasks(config.tasks)})
     prepare_out_dir(out, overwrite)

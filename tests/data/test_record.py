@@ -152,3 +152,9 @@ def test_background_writer_keeps_order_and_reraises_errors() -> None:
     with pytest.raises(RuntimeError, match="disk full at 0"):
         with BackgroundWriter(boom) as writer:
             writer.put(0)
+
+
+def test_suites_without_scripted_experts_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="scripted experts, which exist for the tabletop suite only"):
+        record_demonstrations(RecordConfig(suite="libero_spatial"), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
