@@ -121,7 +121,7 @@ class Cosmos3Policy(BatchPolicy):
 
         try:
             pipe = Cosmos3OmniPipeline.from_pretrained(
-                str(root), enable_safety_checker=False, torch_dtype=weights_dtype
+                str(root), enable_safety_checker=False, **_dtype_kwarg(weights_dtype)
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{root}: diffusers could not load the Cosmos3 pipeline: {exc}") from exc
@@ -256,3 +256,11 @@ def _conventions(root: Path) -> tuple[Embodiment, dict[str, np.ndarray] | None]:
     if q01.shape != (10,) or q99.shape != (10,):
         raise CheckpointError(f"{stats_path}: global_raw q01/q99 must have 10 values, got {q01.shape} / {q99.shape}")
     return emb, {"q01": q01, "q99": q99}
+
+
+def _dtype_kwarg(dtype: Any) -> dict[str, Any]:
+    """diffusers 0.42 renamed ``from_pretrained``'s ``torch_dtype`` to ``dtype`` (the old name warns)."""
+    import diffusers
+    from packaging.version import Version
+
+    return {"dtype" if Version(diffusers.__version__) >= Version("0.42") else "torch_dtype": dtype}
