@@ -242,3 +242,26 @@ def test_cuda_graph_matches_eager_for_any_batch_size() -> None:
         for a, b in zip(graphed.infer_batch(obs), eager.infer_batch(obs), strict=True):
             np.testing.assert_allclose(a["actions"], b["actions"], atol=1e-4)
     assert sorted(k[0][0][0] for k in graphed.graphed.graphs) == [1, 4, 8]  # type: ignore[union-attr]
+
+
+def test_trimming_the_prompt_padding_changes_no_output() -> None:
+    """The graphed path cuts LeRobot's right padding of the prompt: pads are masked and take no position."""
+    from cosmos_robot.policies.pi05.modeling import trim_text
+
+    policy = tiny_pi05(seed=3)
+    obs = [libero_obs(0), libero_obs(1, prompt="open the drawer")]
+    with torch.inference_mode():
+        x = policy.prepare(obs)
+        extra = 40  # more right padding, as a 200-token tokenizer leaves after a short prompt
+        padded = torch.cat([x.tokens, torch.zeros(2, extra, dtype=x.tokens.dtype)], dim=1)
+        padded_mask = torch.cat([x.token_mask, torch.zeros(2, extra, dtype=x.token_mask.dtype)], dim=1)
+        tokens, mask = trim_text(padded, padded_mask, multiple=8)
+        assert tokens.shape[1] < padded.shape[1] and int(mask.sum()) == int(x.token_mask.sum())
+        gen = torch.Generator().manual_seed(0)
+        noise = torch.randn(2, policy.arch.chunk_size, policy.arch.max_action_dim, generator=gen)
+        full = policy.model.generate(x.images, x.image_masks, padded, padded_mask, noise, 4)
+        cut = policy.model.generate(x.images, x.image_masks, tokens, mask, noise, 4)
+    torch.testing.assert_close(cut, full, atol=1e-5, rtol=0)
+    left = torch.zeros_like(x.token_mask)
+    left[:, -3:] = True  # a left-padded batch is left alone
+    assert trim_text(x.tokens, left)[0].shape == x.tokens.shape

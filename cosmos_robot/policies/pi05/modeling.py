@@ -40,6 +40,7 @@ __all__ = [
     "VisionSpec",
     "GraphedGenerate",
     "bucket_size",
+    "trim_text",
     "make_attention_mask",
 ]
 
@@ -563,6 +564,22 @@ class Pi05Model(nn.Module):
         return F.mse_loss(v.float(), (noise - actions).float(), reduction="none")
 
 
+def trim_text(tokens: Tensor, token_mask: Tensor, multiple: int = 32) -> tuple[Tensor, Tensor]:
+    """Drop the prompt padding after the batch's last valid token (kept to a multiple of ``multiple``).
+
+    LeRobot's tokenizer pads every prompt to ``tokenizer_max_length`` (200) on the right; the pads are
+    masked out of attention and take no RoPE position, so cutting them changes no output and saves
+    up to 200 of the prefix's ~700 tokens in every layer and flow step. Rounding keeps the number of
+    distinct shapes (CUDA graphs) small. A left-padded batch is left as it is.
+    """
+    valid = token_mask.bool().any(dim=0)
+    if not bool(valid.any()):
+        return tokens, token_mask
+    last = int(valid.nonzero().max()) + 1
+    length = min(tokens.shape[1], -(-last // multiple) * multiple)
+    return tokens[:, :length], token_mask[:, :length]
+
+
 def bucket_size(n: int) -> int:
     """The captured batch size that serves ``n`` observations: the next power of two.
 
@@ -608,6 +625,7 @@ class GraphedGenerate:
     ) -> Tensor:
         n = tokens.shape[0]
         size = bucket_size(n)
+        tokens, token_mask = trim_text(tokens, token_mask)
         flat = [_pad_rows(t, size) for t in (*images, *image_masks, tokens, token_mask, noise)]
         key = self._key(flat)
         if key not in self.graphs:
