@@ -570,7 +570,9 @@ def trim_text(tokens: Tensor, token_mask: Tensor, multiple: int = 32) -> tuple[T
     LeRobot's tokenizer pads every prompt to ``tokenizer_max_length`` (200) on the right; the pads are
     masked out of attention and take no RoPE position, so cutting them changes no output and saves
     up to 200 of the prefix's ~700 tokens in every layer and flow step. Rounding keeps the number of
-    distinct shapes (CUDA graphs) small. A left-padded batch is left as it is.
+    distinct shapes (CUDA graphs) small, but each new one still costs a capture (and, compiled, a
+    compilation) the first time it is served: hence opt-in (``trim_prompt``). A left-padded batch is
+    left as it is.
     """
     valid = token_mask.bool().any(dim=0)
     if not bool(valid.any()):
@@ -609,8 +611,8 @@ class GraphedGenerate:
     ``compile`` the first bucket also compiles, about a minute on the H200 machine).
     """
 
-    def __init__(self, model: Pi05Model, num_steps: int, compile: bool = False) -> None:
-        self.model, self.num_steps = model, num_steps
+    def __init__(self, model: Pi05Model, num_steps: int, compile: bool = False, trim_prompt: bool = False) -> None:
+        self.model, self.num_steps, self.trim_prompt = model, num_steps, trim_prompt
         if compile:  # Inductor fuses the many small norm/RoPE/gating kernels; graphs then replay them
             model.compile_steps()
         self.pool = torch.cuda.graph_pool_handle()
@@ -625,7 +627,8 @@ class GraphedGenerate:
     ) -> Tensor:
         n = tokens.shape[0]
         size = bucket_size(n)
-        tokens, token_mask = trim_text(tokens, token_mask)
+        if self.trim_prompt:
+            tokens, token_mask = trim_text(tokens, token_mask)
         flat = [_pad_rows(t, size) for t in (*images, *image_masks, tokens, token_mask, noise)]
         key = self._key(flat)
         if key not in self.graphs:

@@ -134,6 +134,7 @@ class Pi05Policy(BatchPolicy):
         num_steps: int | None = None,
         cuda_graphs: bool | None = None,
         compile: bool = False,
+        trim_prompt: bool = False,
     ) -> None:
         self.model = model.eval()
         self.lerobot_config = lerobot_config
@@ -146,7 +147,11 @@ class Pi05Policy(BatchPolicy):
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if use_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, it is on {self.device}")
-        self.graphed = GraphedGenerate(self.model, self.num_steps, compile=compile) if use_graphs else None
+        self.graphed = (
+            GraphedGenerate(self.model, self.num_steps, compile=compile, trim_prompt=trim_prompt)
+            if use_graphs
+            else None
+        )
 
     # --- construction ----------------------------------------------------------------------------
     @property
@@ -166,12 +171,15 @@ class Pi05Policy(BatchPolicy):
         cuda_graphs: bool | None = None,
         precision: str = "mixed",
         compile: bool = False,
+        trim_prompt: bool = False,
     ) -> Pi05Policy:
         """Load a LeRobot pi05 folder (see ``checkpoint``). ``dtype`` defaults to the config's ``dtype``;
         in bfloat16, ``precision="mixed"`` keeps the vision path, the norms and the action projections
         in float32 as LeRobot does (its numerics), ``"bf16"`` casts everything (fastest on a GPU).
         ``cuda_graphs`` (default: on for CUDA devices) replays prefix + flow steps as one graph;
-        ``compile`` adds ``torch.compile`` under it."""
+        ``compile`` adds ``torch.compile`` under it. ``trim_prompt`` cuts the prompt's padding before the
+        graph (5-8% faster on an H200, the same outputs), at the price of one more graph, and compile,
+        per prompt-length bucket: for servers with stable prompts (docs/pi05.md)."""
         root = Path(ckpt_dir)
         check_folder(root)
         raw = read_config(root)
@@ -201,7 +209,9 @@ class Pi05Policy(BatchPolicy):
             )
         except (OSError, ValueError, KeyError, FileNotFoundError) as exc:
             raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
-        return cls(model, lr_config, pre, post, tokenizer, cuda_graphs=cuda_graphs, compile=compile)
+        return cls(
+            model, lr_config, pre, post, tokenizer, cuda_graphs=cuda_graphs, compile=compile, trim_prompt=trim_prompt
+        )
 
     @classmethod
     def from_model(
