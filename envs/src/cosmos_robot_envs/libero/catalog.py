@@ -280,6 +280,19 @@ def link_assets() -> Path:
     return target
 
 
+def write_robosuite_macros() -> Path | None:
+    """robosuite's own setup step (``scripts/setup_macros.py``): a private copy of its macros, without
+    which every import (each env worker) logs three warnings. Returns the file, or None without robosuite."""
+    spec = importlib.util.find_spec("robosuite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    private = folder / "macros_private.py"
+    if not private.exists():
+        private.write_text((folder / "macros.py").read_text())
+    return private
+
+
 def catalog() -> dict[str, Any]:
     """Every suite's tasks (name, instruction, number of init states) and max steps."""
     prepare()
@@ -294,6 +307,6 @@ def catalog() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if "--link-assets" in sys.argv[1:]:
-        print(f"linked {link_assets()}")
+    if "--link-assets" in sys.argv[1:]:  # make libero's setup step
+        print(f"linked {link_assets()}; robosuite macros: {write_robosuite_macros()}")
     json.dump(catalog(), sys.stdout)
