@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from cosmos_robot.policies.compiling import transformer_blocks
+from cosmos_robot.policies.compiling import compile_blocks
 from cosmos_robot.policies.cosmos3.conventions import (
     DROID_CANVAS_HW,
     EMBODIMENTS,
@@ -130,8 +130,7 @@ class Cosmos3Policy(BatchPolicy):
         pipe.to(device)
         pipe.set_progress_bar_config(disable=True)
         if compile:
-            for block in transformer_blocks(pipe.transformer):
-                block.compile()
+            compile_blocks(pipe.transformer)
         return cls(pipe, embodiment, stats)
 
     # --- BasePolicy ------------------------------------------------------------------------------

@@ -21,7 +21,38 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["GraphedEulerLoop", "euler_loop"]
+__all__ = ["GraphedEulerLoop", "dit_velocity", "euler_loop"]
+
+
+def dit_velocity(
+    head: Any,
+    actions: Tensor,
+    timesteps: Tensor,
+    vl: Tensor,
+    state_features: Tensor,
+    embodiment_id: Tensor,
+    image_mask: Tensor | None,
+    attention_mask: Tensor | None,
+) -> Tensor:
+    """One pass of GR00T's action head: its velocity (``actions - noise`` in GR00T's time) for the
+    chunk ``actions`` at the bucketed ``timesteps`` (B,). Shared by serving and the RL adapter."""
+    features = head.action_encoder(actions, timesteps, embodiment_id)
+    if head.config.add_pos_embed:
+        positions = torch.arange(features.shape[1], dtype=torch.long, device=features.device)
+        features = features + head.position_embedding(positions).unsqueeze(0)
+    sequence = torch.cat((state_features, features), dim=1)
+    if head.config.use_alternate_vl_dit:
+        out = head.model(
+            hidden_states=sequence,
+            encoder_hidden_states=vl,
+            timestep=timesteps,
+            image_mask=image_mask,
+            backbone_attention_mask=attention_mask,
+        )
+    else:
+        out = head.model(hidden_states=sequence, encoder_hidden_states=vl, timestep=timesteps)
+    velocity: Tensor = head.action_decoder(out, embodiment_id)[:, -head.action_horizon :]
+    return velocity
 
 
 def euler_loop(
@@ -36,27 +67,11 @@ def euler_loop(
     """``head.num_inference_timesteps`` Euler steps from ``actions`` (the noise), as GR00T takes them."""
     steps = int(head.num_inference_timesteps)
     dt = 1.0 / steps
-    batch = vl.shape[0]
-    positions = torch.arange(actions.shape[1], dtype=torch.long, device=vl.device)
     for step in range(steps):
         bucket = int(step / float(steps) * head.num_timestep_buckets)
-        timesteps = torch.full((batch,), bucket, device=vl.device)
-        features = head.action_encoder(actions, timesteps, embodiment_id)
-        if head.config.add_pos_embed:
-            features = features + head.position_embedding(positions).unsqueeze(0)
-        sequence = torch.cat((state_features, features), dim=1)
-        if head.config.use_alternate_vl_dit:
-            out = head.model(
-                hidden_states=sequence,
-                encoder_hidden_states=vl,
-                timestep=timesteps,
-                image_mask=image_mask,
-                backbone_attention_mask=attention_mask,
-            )
-        else:
-            out = head.model(hidden_states=sequence, encoder_hidden_states=vl, timestep=timesteps)
-        pred = head.action_decoder(out, embodiment_id)
-        actions = actions + dt * pred[:, -head.action_horizon :]
+        timesteps = torch.full((vl.shape[0],), bucket, device=vl.device)
+        pred = dit_velocity(head, actions, timesteps, vl, state_features, embodiment_id, image_mask, attention_mask)
+        actions = actions + dt * pred
     return actions
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from cosmos_robot.policies.groot.fast import dit_velocity
 from cosmos_robot.policies.rl_heads import FlowSpec, openpi_flow_time, value_head
 
 __all__ = ["Gr00tContext", "Gr00tRLModel"]
@@ -112,24 +113,17 @@ class Gr00tRLModel(nn.Module):
         t_groot = 1.0 - t.float()
         n = head.num_timestep_buckets
         buckets = torch.floor(t_groot * n + 1e-3).long().clamp(0, n - 1)
-        dtype = context.state_features.dtype
-        feats = head.action_encoder(x.to(dtype), buckets, context.embodiment_id)
-        if head.config.add_pos_embed:
-            pos = torch.arange(feats.shape[1], dtype=torch.long, device=feats.device)
-            feats = feats + head.position_embedding(pos).unsqueeze(0)
-        seq = torch.cat((context.state_features, feats), dim=1)
         out = context.backbone_output
-        if head.config.use_alternate_vl_dit:
-            hidden = head.model(
-                hidden_states=seq,
-                encoder_hidden_states=out.backbone_features,
-                timestep=buckets,
-                image_mask=out.image_mask,
-                backbone_attention_mask=out.backbone_attention_mask,
-            )
-        else:
-            hidden = head.model(hidden_states=seq, encoder_hidden_states=out.backbone_features, timestep=buckets)
-        pred = head.action_decoder(hidden, context.embodiment_id)[:, -head.action_horizon :]
+        pred = dit_velocity(
+            head,
+            x.to(context.state_features.dtype),
+            buckets,
+            out.backbone_features,
+            context.state_features,
+            context.embodiment_id,
+            out.get("image_mask"),
+            out.get("backbone_attention_mask"),
+        )
         return -pred.float(), None
 
     def velocity(self, x_t: Tensor, t: Tensor | float, context: Gr00tContext) -> Tensor:
