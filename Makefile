@@ -31,6 +31,7 @@ system-deps:
 
 $(VENV)/.installed: $(PROJECT_FILES)
 	@if [ "$(PY312)" = MISSING ]; then scripts/find_python.sh 3.12; exit 1; fi
+	@test -x $(PY) || scripts/check_disk.sh 12
 	@echo "setup: $(VENV) with $(PY312)"
 	@test -x $(PY) || $(PY312) -m venv $(VENV)
 	@$(PY) -m pip install $(PIP_QUIET) --upgrade pip
