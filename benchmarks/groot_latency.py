@@ -7,9 +7,12 @@ action head, 4 flow steps, chunk 40) and loaded the way ``serve --ckpt`` loads t
 - ``lerobot predict_action_chunk``: LeRobot's own model call on an already-processed batch (the
   reference the issue names);
 - ``preprocessor``: LeRobot's processor pipeline (Qwen3-VL image processing, tokenisation,
-  normalisation) on the raw observations;
-- ``ours model``: ``Gr00tPolicy._predict`` on the same processed batch: LeRobot's backbone and
-  heads, the flow loop replayed as a CUDA graph (``cosmos_robot.policies.groot.fast``);
+  normalisation) on the raw observations, with the images processed on the CPU (its default) and
+  on the GPU (its VLM encode step's ``device``, which our loader sets on CUDA);
+- ``ours model``: on the same processed batch, first the previous path (LeRobot's backbone run
+  eagerly, the flow loop replayed as a CUDA graph), then ``Gr00tPolicy._predict``: the whole chunk
+  (the capturable backbone of ``cosmos_robot.policies.groot.backbone``, the encoders, the loop)
+  replayed as one CUDA graph;
 - ``ours served``: ``Gr00tPolicy.infer_batch``, what our server runs per batch (preprocessor +
   model + postprocessor); ``bf16`` rows also cast the weights to bfloat16 (``-a dtype=bfloat16``).
 
@@ -59,6 +62,27 @@ def timed(fn: Any, iters: int, cuda: bool) -> dict[str, float]:
     return {"p50_ms": round(float(np.percentile(times, 50)), 1), "p99_ms": round(float(np.percentile(times, 99)), 1)}
 
 
+def _stepwise(policy: Any, processed: dict[str, Any]) -> Any:
+    """The previous served path: LeRobot's backbone eagerly, then the graphed flow loop."""
+    inputs = policy.policy._filter_groot_inputs(processed, include_action=False)
+    groot = policy.policy._groot_model
+    backbone_inputs, action_inputs = groot.prepare_input(inputs)
+    return policy._predict_stepwise(backbone_inputs, action_inputs)
+
+
+def _with_cpu_images(policy: Any, fn: Any) -> Any:
+    """Run ``fn`` with LeRobot's VLM encode step on its default CPU path."""
+    steps = [s for s in policy.preprocessor.steps if type(s).__name__ == "GrootN17VLMEncodeStep"]
+    saved = [s.device for s in steps]
+    for s in steps:
+        s.device = None
+    try:
+        return fn()
+    finally:
+        for s, d in zip(steps, saved, strict=True):
+            s.device = d
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=["tiny", "released"], default="tiny")
@@ -95,11 +119,22 @@ def main(argv: list[str] | None = None) -> int:
                 "lerobot predict_action_chunk": timed(
                     lambda p=processed: served.policy.predict_action_chunk(p), args.iters, cuda
                 ),
-                "preprocessor": timed(lambda bt=batch: served.preprocessor(bt), args.iters, cuda),
-                "ours model (graphed flow loop)": timed(lambda p=processed: served._predict(p), args.iters, cuda),
+                "preprocessor, images on the CPU (LeRobot's default)": _with_cpu_images(
+                    served, lambda bt=batch: timed(lambda: served.preprocessor(bt), args.iters, cuda)
+                ),
+                "preprocessor, images on the GPU (ours)": timed(
+                    lambda bt=batch: served.preprocessor(bt), args.iters, cuda
+                ),
+                "ours model, LeRobot's backbone eager + graphed flow loop": timed(
+                    lambda p=processed: _stepwise(served, p), args.iters, cuda
+                ),
+                "ours model, whole chunk graphed": timed(lambda p=processed: served._predict(p), args.iters, cuda),
             }
             if fast is not None:
-                rows[f"b{b}"]["ours model, bf16 weights"] = timed(
+                rows[f"b{b}"]["ours model, bf16 weights, LeRobot's backbone eager + graphed loop"] = timed(
+                    lambda p=processed: _stepwise(fast, p), args.iters, cuda
+                )
+                rows[f"b{b}"]["ours model, bf16 weights, whole chunk graphed"] = timed(
                     lambda p=processed: fast._predict(p), args.iters, cuda
                 )
         rows[f"b{b}"]["ours served"] = timed(lambda o=obs: served.infer_batch(o), args.iters, cuda)

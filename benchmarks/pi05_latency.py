@@ -101,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
         "--precision", choices=["bf16", "mixed"], default="bf16",
         help="bf16: every weight in bfloat16 (the measured numbers); mixed: LeRobot's float32 vision and norms",
     )  # fmt: skip
+    ap.add_argument(
+        "--compile-mode", default=None, choices=["default", "max-autotune-no-cudagraphs"],
+        help="torch.compile mode for --compile (max-autotune-no-cudagraphs tunes kernels for these shapes)",
+    )  # fmt: skip
     ap.add_argument("--trim-prompt", action="store_true", help="cut the prompt's padding before the graph")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -164,9 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     if dev.startswith("cuda"):
         pre, post = eager.preprocessor, eager.postprocessor
         graphed = Pi05Policy(
-            native, cfg, pre, post, tokenizer, cuda_graphs=True, compile=args.compile, trim_prompt=args.trim_prompt
+            native,
+            cfg,
+            pre,
+            post,
+            tokenizer,
+            cuda_graphs=True,
+            compile=(args.compile_mode or True) if args.compile else False,
+            trim_prompt=args.trim_prompt,
         )
-    report["compile"] = args.compile
+    report["compile"] = (args.compile_mode or "default") if args.compile else False
     report["trim_prompt"] = args.trim_prompt
     report["precision"] = args.precision
     report["params_million"] = round(sum(p.numel() for p in native.parameters()) / 1e6, 1)

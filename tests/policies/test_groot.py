@@ -88,6 +88,40 @@ def test_served_loop_is_lerobots_predict_action_chunk(policy: Gr00tPolicy) -> No
     np.testing.assert_allclose(ours, _lerobot_chunks(policy, obs), atol=1e-6)
 
 
+def test_fast_backbone_is_lerobots_backbone_with_padded_prompts(policy: Gr00tPolicy) -> None:
+    """The capturable backbone (planned once per layout, images batched in one attention) returns
+    LeRobot's features, image mask and attention mask, here with left-padded prompts of two lengths."""
+    import torch
+
+    from cosmos_robot.policies.groot.backbone import FastQwen3Backbone
+
+    obs = [libero_obs(0), libero_obs(1), libero_obs(2)]
+    obs[1]["prompt"] = "open the top drawer of the cabinet and put the black bowl inside it"
+    groot = policy.policy._groot_model
+    inputs = policy.policy._filter_groot_inputs(policy.preprocessor(policy.io.batch(obs)), include_action=False)
+    with torch.inference_mode():
+        backbone_inputs, _ = groot.prepare_input(inputs)
+        assert not bool(backbone_inputs["attention_mask"].all())  # the batch is padded
+        ref = groot.backbone(backbone_inputs)
+        fast = FastQwen3Backbone(groot.backbone)
+        plan = fast.plan(dict(backbone_inputs))
+        assert fast.plan(dict(backbone_inputs)) is plan  # cached per layout
+        features = fast.features(backbone_inputs["pixel_values"], backbone_inputs["input_ids"], plan)
+    torch.testing.assert_close(features, ref["backbone_features"], atol=1e-6, rtol=0)
+    assert torch.equal(plan.image_mask, ref["image_mask"])
+    assert torch.equal(plan.attention_mask, ref["backbone_attention_mask"])
+
+
+def test_padded_batches_give_lerobots_chunks(policy: Gr00tPolicy) -> None:
+    """Three observations run as a bucket of four (the last one repeated) and still equal LeRobot's
+    chunks row for row; the chunk went through the fast path."""
+    obs = [libero_obs(3), libero_obs(4), libero_obs(5)]
+    obs[2]["prompt"] = "put the bowl on the stove"
+    ours = np.stack([a["actions"] for a in policy.infer_batch(obs)])
+    np.testing.assert_allclose(ours, _lerobot_chunks(policy, obs), atol=1e-6)
+    assert policy._noise_dtype is not None  # set by the fast path only
+
+
 @pytest.mark.gpu
 def test_cuda_graph_loop_matches_eager(groot_folder: Path) -> None:
     import torch
@@ -102,4 +136,4 @@ def test_cuda_graph_loop_matches_eager(groot_folder: Path) -> None:
     b = np.stack([r["actions"] for r in eager.infer_batch(obs)])
     np.testing.assert_allclose(a, b, atol=1e-4)
     np.testing.assert_allclose(b, _lerobot_chunks(eager, obs), atol=1e-4)
-    assert len(graphed._loop._graphs) == 1
+    assert len(graphed._chunk.graphs) == 1  # type: ignore[union-attr]  # 3 observations: one bucket of 4

@@ -214,13 +214,13 @@ def test_bf16_parity_with_lerobot_keeps_its_float32_islands() -> None:
 
 
 def test_graph_buckets_are_powers_of_two() -> None:
-    from cosmos_robot.policies.pi05.modeling import _pad_rows, bucket_size
+    from cosmos_robot.policies.cuda_graphs import bucket_size, pad_rows
 
     assert [bucket_size(n) for n in (1, 2, 3, 4, 5, 8, 9, 33)] == [1, 2, 4, 4, 8, 8, 16, 64]
     with pytest.raises(ValueError, match="at least 1"):
         bucket_size(0)
     t = torch.arange(6.0).reshape(3, 2)
-    padded = _pad_rows(t, 4)
+    padded = pad_rows(t, 4)
     assert padded.shape == (4, 2) and torch.equal(padded[3], t[2]) and torch.equal(padded[:3], t)
 
 
@@ -241,7 +241,7 @@ def test_cuda_graph_matches_eager_for_any_batch_size() -> None:
         obs = [libero_obs(i) for i in range(n)]
         for a, b in zip(graphed.infer_batch(obs), eager.infer_batch(obs), strict=True):
             np.testing.assert_allclose(a["actions"], b["actions"], atol=1e-4)
-    assert sorted(k[0][0][0] for k in graphed.graphed.graphs) == [1, 4, 8]  # type: ignore[union-attr]
+    assert sorted(k[0][0][0][0] for k in graphed.graphed.graphs) == [1, 4, 8]  # type: ignore[union-attr]
 
 
 def test_trimming_the_prompt_padding_changes_no_output() -> None:

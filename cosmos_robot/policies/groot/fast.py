@@ -1,27 +1,28 @@
-"""GR00T N1.7's flow loop, replayed as one CUDA graph per input shape.
+"""A GR00T N1.7 action chunk as one function of tensors, so a CUDA graph can replay all of it.
 
 Why: LeRobot's ``predict_action_chunk`` at N1.7-3B's size takes about the same time at batch 1 and
-8 on an H200 (288 / 268 ms, docs/benchmarks.md): it is bound by launching kernels, not by
-arithmetic. Most of them are the action head's: 4 Euler steps through the 32-layer DiT, each a few
-thousand small kernels issued from Python. Captured once as a CUDA graph, the four steps replay
-with one launch.
+8 on an H200 (docs/benchmarks.md): it is bound by launching kernels and by host syncs, not by
+arithmetic. The action head runs 4 Euler steps through the 32-layer DiT, each a few thousand small
+kernels issued from Python; the backbone plans positions and image splits on the CPU mid-forward.
 
 :func:`euler_loop` is GR00T's own loop (``GR00TN17ActionHead.get_action_with_features`` without
-real-time chunking) written as a pure function of tensors, so it can be captured; given the same
-starting noise it computes what LeRobot computes (a test compares them). :class:`GraphedEulerLoop`
-keeps one graph per shape (batch size, number of VL tokens, dtype), least recently used first out;
-on a CPU it just runs the loop.
+real-time chunking) written as a pure function of tensors; given the same starting noise it
+computes what LeRobot computes (a test compares them). :func:`chunk_from_inputs` puts the
+backbone (:mod:`.backbone`, planned outside), the head's encoders and the loop together, so the
+policy replays a whole chunk from one :class:`~cosmos_robot.policies.cuda_graphs.GraphCache` graph
+per input signature; on a CPU it just runs.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["GraphedEulerLoop", "dit_velocity", "euler_loop"]
+from cosmos_robot.policies.groot.backbone import BackbonePlan, FastQwen3Backbone
+
+__all__ = ["chunk_from_inputs", "dit_velocity", "euler_loop"]
 
 
 def dit_velocity(
@@ -75,53 +76,22 @@ def euler_loop(
     return actions
 
 
-class GraphedEulerLoop:
-    """``loop(vl, state_features, embodiment_id, image_mask, attention_mask, noise) -> actions``."""
-
-    def __init__(self, head: Any, use_graphs: bool, autocast_dtype: torch.dtype | None, max_graphs: int = 8) -> None:
-        self.head, self.use_graphs, self.autocast_dtype, self.max_graphs = head, use_graphs, autocast_dtype, max_graphs
-        self._graphs: OrderedDict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, list[Tensor | None], Tensor]] = (
-            OrderedDict()
-        )
-
-    def _autocast(self, device: torch.device) -> Any:
-        # no weight-cast cache: a graph must not capture casts made outside it
-        return torch.autocast(
-            device_type=device.type,
-            dtype=self.autocast_dtype or torch.bfloat16,
-            enabled=self.autocast_dtype is not None,
-            cache_enabled=False,
-        )
-
-    def __call__(self, *inputs: Tensor | None) -> Tensor:
-        vl = inputs[0]
-        assert vl is not None
-        if not (self.use_graphs and vl.is_cuda):
-            with self._autocast(vl.device):
-                return euler_loop(self.head, *inputs)  # type: ignore[arg-type]
-        key = tuple((None if t is None else (tuple(t.shape), t.dtype)) for t in inputs)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(inputs)
-            while len(self._graphs) > self.max_graphs:
-                self._graphs.popitem(last=False)
-        self._graphs.move_to_end(key)
-        graph, static, out = self._graphs[key]
-        for buffer, value in zip(static, inputs, strict=True):
-            if buffer is not None and value is not None:
-                buffer.copy_(value)
-        graph.replay()
-        return out.clone()
-
-    def _capture(self, inputs: tuple[Tensor | None, ...]) -> tuple[torch.cuda.CUDAGraph, list[Tensor | None], Tensor]:
-        static = [None if t is None else t.clone() for t in inputs]
-        device = static[0].device  # type: ignore[union-attr]
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream), self._autocast(device):
-            for _ in range(2):  # warm up outside the graph (allocator, kernel selection)
-                euler_loop(self.head, *static)  # type: ignore[arg-type]
-        torch.cuda.current_stream(device).wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph), self._autocast(device):
-            out = euler_loop(self.head, *static)  # type: ignore[arg-type]
-        return graph, static, out
+def chunk_from_inputs(
+    backbone: FastQwen3Backbone,
+    head: Any,
+    pixel_values: Tensor,
+    input_ids: Tensor,
+    state: Tensor,
+    embodiment_id: Tensor,
+    noise: Tensor,
+    *plan_tensors: Tensor | None,
+    num_images: int,
+) -> Tensor:
+    """A whole GR00T chunk from processed inputs, as one capturable function: the backbone
+    (:mod:`.backbone`), the action head's VL and state encoders, and :func:`euler_loop` from
+    ``noise``. ``plan_tensors`` are :meth:`BackbonePlan.tensors`."""
+    plan = BackbonePlan.from_tensors(list(plan_tensors), num_images)
+    features = backbone.features(pixel_values, input_ids, plan)
+    vl = head.vl_self_attention(head.vlln(features))
+    state_features = head.state_encoder(state.view(state.shape[0], 1, -1), embodiment_id)
+    return euler_loop(head, vl, state_features, embodiment_id, plan.image_mask, plan.attention_mask, noise)

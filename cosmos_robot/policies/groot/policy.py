@@ -16,8 +16,10 @@ of observations gives the same chunks.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +27,17 @@ import numpy as np
 import torch
 
 from cosmos_robot.policies.compiling import compile_blocks
-from cosmos_robot.policies.groot.fast import GraphedEulerLoop
+from cosmos_robot.policies.cuda_graphs import GraphCache, bucket_size, pad_rows
+from cosmos_robot.policies.groot.backbone import FastQwen3Backbone, supports_fast_backbone
+from cosmos_robot.policies.groot.fast import chunk_from_inputs, euler_loop
 from cosmos_robot.policies.lerobot_io import LeRobotIO
 from cosmos_robot.policies.registry import CheckpointError, read_json, require_files, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import InputSpec
 
 __all__ = ["Gr00tPolicy"]
+
+log = logging.getLogger(__name__)
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "policy_preprocessor.json", "policy_postprocessor.json")
 
@@ -49,7 +55,17 @@ class Gr00tPolicy(BatchPolicy):
         self.io = LeRobotIO(cfg.input_features)
         self.action_dim = int(cfg.output_features["action"].shape[0])
         autocast = torch.bfloat16 if cfg.use_bf16 else None
-        self._loop = GraphedEulerLoop(policy._groot_model.action_head, cuda_graphs, autocast)
+        groot = policy._groot_model
+        # the whole chunk (backbone + encoders + flow loop) as one graph per input signature; for a
+        # backbone the fast path does not know, LeRobot's backbone runs eagerly and the loop is graphed
+        self._backbone = FastQwen3Backbone(groot.backbone) if supports_fast_backbone(groot.backbone) else None
+        self._chunk = (
+            GraphCache(partial(chunk_from_inputs, self._backbone, groot.action_head), cuda_graphs, autocast)
+            if self._backbone is not None
+            else None
+        )
+        self._loop = GraphCache(partial(euler_loop, groot.action_head), cuda_graphs, autocast)
+        self._noise_dtype: torch.dtype | None = None
 
     @classmethod
     def from_pretrained(
@@ -59,11 +75,15 @@ class Gr00tPolicy(BatchPolicy):
         dtype: str | None = None,
         cuda_graphs: bool = True,
         compile: bool = False,
+        gpu_images: bool = True,
     ) -> Gr00tPolicy:
         """Load a LeRobot GR00T folder. ``dtype``: cast the weights (``bfloat16``; default: as saved,
         LeRobot's float32, under its bf16 autocast when ``use_bf16``). ``cuda_graphs``: on CUDA the
         action head's flow loop replays as a CUDA graph (:mod:`.fast`). ``compile``: ``torch.compile``
-        every block of every layer stack (vision tower, language model, VL self-attention, DiT)."""
+        every block of every layer stack (vision tower, language model, VL self-attention, DiT).
+        ``gpu_images``: on CUDA, LeRobot's VLM encode step resizes and patchifies the camera images
+        on the GPU (its own ``device`` setting; folders trained with albumentations keep their cv2
+        path on the CPU)."""
         root = Path(ckpt_dir)
         weights_dtype = torch_dtype(dtype) if dtype is not None else None
         require_files(root, REQUIRED_FILES, "LeRobot GR00T")
@@ -98,7 +118,14 @@ class Gr00tPolicy(BatchPolicy):
             )
         except (OSError, ValueError, KeyError) as exc:
             raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
-        return cls(policy, pre, post, cuda_graphs=cuda_graphs)
+        if gpu_images and torch.device(device).type == "cuda":
+            for step in pre.steps:
+                if type(step).__name__ == "GrootN17VLMEncodeStep" and not getattr(step, "use_albumentations", True):
+                    step.device = str(torch.device(device))
+        served = cls(policy, pre, post, cuda_graphs=cuda_graphs)
+        if compile and served._backbone is not None:
+            served._backbone.compile()
+        return served
 
     def save_pretrained(self, ckpt_dir: str | Path) -> Path:
         """LeRobot's folder again: the policy (config naming the same base model) and both processors."""
@@ -143,21 +170,66 @@ class Gr00tPolicy(BatchPolicy):
         return [{"actions": a} for a in arr]
 
     def _predict(self, processed: dict[str, Any]) -> torch.Tensor:
-        """LeRobot's ``predict_action_chunk`` (without real-time chunking), its flow loop graphed."""
+        """LeRobot's ``predict_action_chunk`` (without real-time chunking): the same modules, the same
+        noise from the same seeded stream, replayed from a CUDA graph on CUDA."""
         policy = self.policy
         groot = policy._groot_model
-        head = groot.action_head
         inputs = policy._filter_groot_inputs(processed, include_action=False)
         device = next(groot.parameters()).device
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=policy.config.use_bf16):
             backbone_inputs, action_inputs = groot.prepare_input(inputs)
+        actions = None
+        if self._chunk is not None and "pixel_values_videos" not in backbone_inputs:
+            try:
+                actions = self._predict_fast(backbone_inputs, action_inputs)
+            except ValueError as exc:  # a layout the fast backbone does not plan (mixed image sizes)
+                log.warning("GR00T fast path not used for this batch (%s); running LeRobot's backbone", exc)
+        if actions is None:
+            actions = self._predict_stepwise(backbone_inputs, action_inputs)
+        actions = actions[:, : policy._resolve_prediction_horizon(actions)]
+        return actions[:, :, : self.action_dim]
+
+    def _noise(self, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        # GR00T's own draw: nothing before it consumes the seeded stream, so drawing it before the
+        # backbone gives the values LeRobot draws after it
+        head = self.policy._groot_model.action_head
+        return torch.randn(size=(batch, head.config.action_horizon, head.action_dim), dtype=dtype, device=device)
+
+    def _predict_fast(self, backbone_inputs: Any, action_inputs: Any) -> torch.Tensor:
+        assert self._backbone is not None and self._chunk is not None
+        head = self.policy._groot_model.action_head
+        n = int(backbone_inputs["input_ids"].shape[0])
+        device = backbone_inputs["input_ids"].device
+        if self._noise_dtype is None:  # once: the VL features' dtype, which GR00T's noise takes
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.policy.config.use_bf16):
+                plan = self._backbone.plan(dict(backbone_inputs))
+                features = self._backbone.features(backbone_inputs["pixel_values"], backbone_inputs["input_ids"], plan)
+                self._noise_dtype = head.vl_self_attention(head.vlln(features)).dtype
+        noise = self._noise(n, self._noise_dtype, device)
+        size = bucket_size(n)
+        model_input = {k: _pad_samples(backbone_inputs[k], n, size) for k in _BACKBONE_KEYS if k in backbone_inputs}
+        plan = self._backbone.plan(model_input)
+        return self._chunk(
+            model_input["pixel_values"],
+            model_input["input_ids"],
+            pad_rows(action_inputs.state, size),
+            pad_rows(action_inputs.embodiment_id, size),
+            pad_rows(noise, size),
+            *plan.tensors(),
+            num_images=plan.num_images,
+        )[:n]
+
+    def _predict_stepwise(self, backbone_inputs: Any, action_inputs: Any) -> torch.Tensor:
+        """LeRobot's backbone eagerly, then the flow loop (graphed on CUDA)."""
+        groot = self.policy._groot_model
+        head = groot.action_head
+        device = next(groot.parameters()).device
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.policy.config.use_bf16):
             backbone_output = groot.backbone(backbone_inputs)
             features = head._encode_features(backbone_output, action_inputs)
             vl = features.backbone_features
-            # GR00T's own draw, at the same point of the same seeded stream: the same noise
-            noise = torch.randn(size=(vl.shape[0], head.config.action_horizon, head.action_dim), dtype=vl.dtype,
-                                device=vl.device)  # fmt: skip
-        actions = self._loop(
+            noise = self._noise(vl.shape[0], vl.dtype, vl.device)
+        return self._loop(
             vl,
             features.state_features,
             action_inputs.embodiment_id,
@@ -165,8 +237,18 @@ class Gr00tPolicy(BatchPolicy):
             backbone_output.get("backbone_attention_mask"),
             noise,
         )
-        actions = actions[:, : policy._resolve_prediction_horizon(actions)]
-        return actions[:, :, : self.action_dim]
+
+
+_BACKBONE_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+
+
+def _pad_samples(t: torch.Tensor, n: int, size: int) -> torch.Tensor:
+    """``t`` (per-sample rows, or ``n`` equal groups of rows such as the patches of each sample's
+    images) padded to ``size`` samples by repeating the last sample."""
+    if size == n:
+        return t
+    grouped = t.reshape(n, -1, *t.shape[1:])
+    return pad_rows(grouped, size).reshape(-1, *t.shape[1:])
 
 
 def _devices(policy: Any) -> list[int]:

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from cosmos_robot.policies.cuda_graphs import GraphCache, bucket_size, pad_rows
+
 __all__ = [
     "VARIANTS",
     "GemmaSpec",
@@ -540,10 +542,15 @@ class Pi05Model(nn.Module):
         """Prefix encoding plus the K flow steps: one call, no host synchronisation (CUDA-graph safe)."""
         return self.sample_actions(self.encode_prefix(images, image_masks, tokens, token_mask), noise, num_steps)
 
-    def compile_steps(self) -> None:
-        """``torch.compile`` the prefix encoder and the flow step (static shapes; compiled on first call)."""
-        self.encode_prefix = torch.compile(self.encode_prefix, dynamic=False)  # type: ignore[method-assign]
-        self.velocity = torch.compile(self.velocity, dynamic=False)  # type: ignore[method-assign]
+    def compile_steps(self, mode: str | None = None) -> None:
+        """``torch.compile`` the prefix encoder and the flow step (static shapes; compiled on first call).
+        ``mode``: Inductor's ``"default"`` or ``"max-autotune-no-cudagraphs"`` (benchmarks the GEMM and
+        kernel configurations for these shapes: minutes more to compile); modes that capture their own
+        CUDA graphs are refused, the policy captures the whole chunk itself."""
+        if mode not in COMPILE_MODES:
+            raise ValueError(f"compile mode {mode!r} is not one of {sorted(m for m in COMPILE_MODES if m)}")
+        self.encode_prefix = torch.compile(self.encode_prefix, dynamic=False, mode=mode)  # type: ignore[method-assign]
+        self.velocity = torch.compile(self.velocity, dynamic=False, mode=mode)  # type: ignore[method-assign]
 
     # --- training --------------------------------------------------------------------------------
     def flow_loss(
@@ -582,21 +589,7 @@ def trim_text(tokens: Tensor, token_mask: Tensor, multiple: int = 32) -> tuple[T
     return tokens[:, :length], token_mask[:, :length]
 
 
-def bucket_size(n: int) -> int:
-    """The captured batch size that serves ``n`` observations: the next power of two.
-
-    A server's batches vary in size from call to call; without buckets every new size would cost a
-    capture (and, compiled, a recompilation of seconds to minutes) in the middle of serving."""
-    if n < 1:
-        raise ValueError(f"batch size must be at least 1, got {n}")
-    return 1 << (n - 1).bit_length()
-
-
-def _pad_rows(t: Tensor, size: int) -> Tensor:
-    """``t`` with its last row repeated up to ``size`` rows (padding rows are computed, then dropped)."""
-    if t.shape[0] == size:
-        return t
-    return torch.cat([t, t[-1:].expand(size - t.shape[0], *t.shape[1:])], dim=0)
+COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
 
 
 class GraphedGenerate:
@@ -611,16 +604,17 @@ class GraphedGenerate:
     ``compile`` the first bucket also compiles, about a minute on the H200 machine).
     """
 
-    def __init__(self, model: Pi05Model, num_steps: int, compile: bool = False, trim_prompt: bool = False) -> None:
+    def __init__(
+        self, model: Pi05Model, num_steps: int, compile: bool | str = False, trim_prompt: bool = False
+    ) -> None:
         self.model, self.num_steps, self.trim_prompt = model, num_steps, trim_prompt
         if compile:  # Inductor fuses the many small norm/RoPE/gating kernels; graphs then replay them
-            model.compile_steps()
-        self.pool = torch.cuda.graph_pool_handle()
-        self.graphs: dict[tuple[Any, ...], tuple[torch.cuda.CUDAGraph, list[Tensor], Tensor]] = {}
+            model.compile_steps(mode=compile if isinstance(compile, str) else None)
+        self.cache = GraphCache(self._generate, max_graphs=16)
 
-    @staticmethod
-    def _key(inputs: list[Tensor]) -> tuple[Any, ...]:
-        return tuple((tuple(t.shape), t.dtype) for t in inputs)
+    @property
+    def graphs(self) -> Any:
+        return self.cache.graphs
 
     def __call__(
         self, images: list[Tensor], image_masks: list[Tensor], tokens: Tensor, token_mask: Tensor, noise: Tensor
@@ -629,31 +623,11 @@ class GraphedGenerate:
         size = bucket_size(n)
         if self.trim_prompt:
             tokens, token_mask = trim_text(tokens, token_mask)
-        flat = [_pad_rows(t, size) for t in (*images, *image_masks, tokens, token_mask, noise)]
-        key = self._key(flat)
-        if key not in self.graphs:
-            self.graphs[key] = self._capture(flat, len(images))
-        graph, static, out = self.graphs[key]
-        for dst, src in zip(static, flat, strict=True):
-            dst.copy_(src, non_blocking=True)
-        graph.replay()
-        return out[:n].clone()
+        flat = [pad_rows(t, size) for t in (*images, *image_masks, tokens, token_mask, noise)]
+        with torch.inference_mode():
+            return self.cache(*flat, n_cams=len(images))[:n]
 
-    def _capture(self, flat: list[Tensor], n_cams: int) -> tuple[torch.cuda.CUDAGraph, list[Tensor], Tensor]:
-        static = [t.clone() for t in flat]
-
-        def run() -> Tensor:
-            imgs, masks = static[:n_cams], static[n_cams : 2 * n_cams]
-            tokens, token_mask, noise = static[2 * n_cams :]
-            return self.model.generate(imgs, masks, tokens, token_mask, noise, self.num_steps)
-
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream), torch.inference_mode():
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), torch.inference_mode():
-            out = run()
-        return graph, static, out
+    def _generate(self, *flat: Tensor, n_cams: int) -> Tensor:
+        images, masks = list(flat[:n_cams]), list(flat[n_cams : 2 * n_cams])
+        tokens, token_mask, noise = flat[2 * n_cams :]
+        return self.model.generate(images, masks, tokens, token_mask, noise, self.num_steps)

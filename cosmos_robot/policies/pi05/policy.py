@@ -133,7 +133,7 @@ class Pi05Policy(BatchPolicy):
         serve_seed: int = 0,
         num_steps: int | None = None,
         cuda_graphs: bool | None = None,
-        compile: bool = False,
+        compile: bool | str = False,
         trim_prompt: bool = False,
     ) -> None:
         self.model = model.eval()
@@ -170,14 +170,15 @@ class Pi05Policy(BatchPolicy):
         dtype: str | torch.dtype | None = None,
         cuda_graphs: bool | None = None,
         precision: str = "mixed",
-        compile: bool = False,
+        compile: bool | str = False,
         trim_prompt: bool = False,
     ) -> Pi05Policy:
         """Load a LeRobot pi05 folder (see ``checkpoint``). ``dtype`` defaults to the config's ``dtype``;
         in bfloat16, ``precision="mixed"`` keeps the vision path, the norms and the action projections
         in float32 as LeRobot does (its numerics), ``"bf16"`` casts everything (fastest on a GPU).
         ``cuda_graphs`` (default: on for CUDA devices) replays prefix + flow steps as one graph;
-        ``compile`` adds ``torch.compile`` under it. ``trim_prompt`` cuts the prompt's padding before the
+        ``compile`` adds ``torch.compile`` under it (``true``, or an Inductor mode name such as
+        ``"max-autotune-no-cudagraphs"``). ``trim_prompt`` cuts the prompt's padding before the
         graph (5-8% faster on an H200, the same outputs), at the price of one more graph, and compile,
         per prompt-length bucket: for servers with stable prompts (docs/pi05.md)."""
         root = Path(ckpt_dir)

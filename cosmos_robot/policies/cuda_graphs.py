@@ -1,0 +1,114 @@
+"""CUDA graphs for served models: one captured graph per input signature, replayed per call.
+
+Why: at batch 1 the VLA models we serve are bound by launching kernels, not by arithmetic (a
+pi0.5 chunk or a GR00T chunk issues thousands of small kernels from Python). Captured once, a
+chunk replays with one launch. :class:`GraphCache` is the mechanism the families share: inputs
+are copied into static buffers, the output is cloned out of the graph's memory pool, graphs of one
+cache share a pool, the least recently used graph is dropped past ``max_graphs``. Batches are
+padded to a power of two (:func:`bucket_size`, :func:`pad_rows`) by the callers, so a server that
+forms batches of every size from 1 to 8 sees four captures, not eight.
+
+On a CPU (or with ``enabled=False``) the function just runs, under the same autocast.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["GraphCache", "bucket_size", "pad_rows"]
+
+
+def bucket_size(n: int) -> int:
+    """The captured batch size that serves ``n`` observations: the next power of two.
+
+    A server's batches vary in size from call to call; without buckets every new size would cost a
+    capture (and, compiled, a recompilation of seconds to minutes) in the middle of serving."""
+    if n < 1:
+        raise ValueError(f"batch size must be at least 1, got {n}")
+    return 1 << (n - 1).bit_length()
+
+
+def pad_rows(t: Tensor, size: int) -> Tensor:
+    """``t`` with its last row repeated up to ``size`` rows (padding rows are computed, then dropped)."""
+    if t.shape[0] == size:
+        return t
+    if t.shape[0] > size:
+        raise ValueError(f"cannot pad {t.shape[0]} rows down to {size}")
+    return torch.cat([t, t[-1:].expand(size - t.shape[0], *t.shape[1:])], dim=0)
+
+
+Signature = tuple[Any, ...]
+
+
+class GraphCache:
+    """``cache(*tensors, **static) -> fn(*tensors, **static)``, replayed from a graph per signature.
+
+    The signature is the tensors' shapes, dtypes and devices (``None`` allowed in place of a tensor)
+    plus the ``static`` keyword values, which ``fn`` may use as Python values (they are baked into
+    the graph). ``fn`` must be capturable: no host syncs, no data-dependent shapes.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Tensor],
+        enabled: bool = True,
+        autocast_dtype: torch.dtype | None = None,
+        max_graphs: int = 8,
+    ) -> None:
+        self.fn, self.enabled, self.autocast_dtype, self.max_graphs = fn, enabled, autocast_dtype, max_graphs
+        self.graphs: OrderedDict[Signature, tuple[torch.cuda.CUDAGraph, list[Tensor | None], Tensor]] = OrderedDict()
+        self._pool: Any = None
+
+    def _autocast(self, device: torch.device) -> Any:
+        # no weight-cast cache: a graph must not capture casts made outside it
+        return torch.autocast(
+            device_type=device.type,
+            dtype=self.autocast_dtype or torch.bfloat16,
+            enabled=self.autocast_dtype is not None,
+            cache_enabled=False,
+        )
+
+    def __call__(self, *inputs: Tensor | None, **static: Any) -> Tensor:
+        first = next((t for t in inputs if t is not None), None)
+        if first is None:
+            raise ValueError("GraphCache needs at least one tensor input")
+        if not (self.enabled and first.is_cuda):
+            with self._autocast(first.device):
+                return self.fn(*inputs, **static)
+        key = (
+            tuple(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in inputs),
+            tuple(sorted(static.items())),
+        )
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(inputs, static, first.device)
+            while len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+        self.graphs.move_to_end(key)
+        graph, buffers, out = self.graphs[key]
+        for buffer, value in zip(buffers, inputs, strict=True):
+            if buffer is not None and value is not None:
+                buffer.copy_(value, non_blocking=True)
+        graph.replay()
+        return out.clone()
+
+    def _capture(
+        self, inputs: tuple[Tensor | None, ...], static: dict[str, Any], device: torch.device
+    ) -> tuple[torch.cuda.CUDAGraph, list[Tensor | None], Tensor]:
+        buffers = [None if t is None else t.clone() for t in inputs]
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream), self._autocast(device):
+            for _ in range(2):  # warm up outside the graph (allocator, kernel selection, compilation)
+                self.fn(*buffers, **static)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool), self._autocast(device):
+            out = self.fn(*buffers, **static)
+        return graph, buffers, out
