@@ -102,11 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     folder = root / "policy" if (root / "policy" / "config.json").is_file() else build_tiny_groot(root, size=args.size)
     build_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    served = Gr00tPolicy.from_pretrained(folder, device=args.device)
+    served = Gr00tPolicy.from_pretrained(folder, device=args.device, gpu_images=True)
     load_s = time.perf_counter() - t0
     fast = None
     if args.device != "cpu":
-        fast = Gr00tPolicy.from_pretrained(folder, device=args.device, dtype="bfloat16", compile=args.compile)
+        fast = Gr00tPolicy.from_pretrained(
+            folder, device=args.device, dtype="bfloat16", compile=args.compile, gpu_images=True
+        )
     params = sum(p.numel() for p in served.policy.parameters())
     cuda = args.device.startswith("cuda")
     rows: dict[str, Any] = {}

@@ -20,7 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["GraphCache", "bucket_size", "pad_rows"]
+__all__ = ["GraphCache", "GraphCaptureError", "bucket_size", "pad_rows"]
+
+
+class GraphCaptureError(RuntimeError):
+    """Warming up or capturing a function as a CUDA graph failed (the function is not capturable as
+    called: a host sync, a data-dependent shape, an operation the capture refuses)."""
 
 
 def bucket_size(n: int) -> int:
@@ -85,7 +90,13 @@ class GraphCache:
             tuple(sorted(static.items())),
         )
         if key not in self.graphs:
-            self.graphs[key] = self._capture(inputs, static, first.device)
+            try:
+                self.graphs[key] = self._capture(inputs, static, first.device)
+            except RuntimeError as exc:
+                if isinstance(exc, torch.cuda.OutOfMemoryError):
+                    raise
+                name = getattr(self.fn, "__name__", None) or getattr(getattr(self.fn, "func", None), "__name__", "fn")
+                raise GraphCaptureError(f"capturing {name} as a CUDA graph failed: {exc}") from exc
             while len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)
         self.graphs.move_to_end(key)

@@ -122,6 +122,38 @@ def test_padded_batches_give_lerobots_chunks(policy: Gr00tPolicy) -> None:
     assert policy._noise_dtype is not None  # set by the fast path only
 
 
+def test_a_failed_capture_falls_back_to_the_stepwise_path(
+    groot_folder: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """If the whole chunk cannot be captured on some GPU stack, serving goes on (logged) with
+    LeRobot's backbone and the graphed loop, which compute the same chunk."""
+    from cosmos_robot.policies.cuda_graphs import GraphCaptureError
+
+    p = Gr00tPolicy.from_pretrained(groot_folder)
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise GraphCaptureError("capturing chunk_from_inputs as a CUDA graph failed: test")
+
+    monkeypatch.setattr(p, "_predict_fast", refuse)
+    obs = [libero_obs(0), libero_obs(1)]
+    with caplog.at_level("ERROR"):
+        ours = np.stack([a["actions"] for a in p.infer_batch(obs)])
+    assert p._chunk is None and "serving with LeRobot's backbone" in caplog.text
+    np.testing.assert_allclose(ours, _lerobot_chunks(p, obs), atol=1e-6)
+
+
+def test_graph_cache_runs_eagerly_off_cuda() -> None:
+    import torch
+
+    from cosmos_robot.policies.cuda_graphs import GraphCache
+
+    cache = GraphCache(lambda x, y, scale: x * scale + (0 if y is None else y), enabled=True)
+    x = torch.ones(2, 3)
+    assert torch.equal(cache(x, None, scale=2.0), torch.full((2, 3), 2.0)) and not cache.graphs
+    with pytest.raises(ValueError, match="at least one tensor"):
+        cache(None, None, scale=1.0)
+
+
 @pytest.mark.gpu
 def test_cuda_graph_loop_matches_eager(groot_folder: Path) -> None:
     import torch

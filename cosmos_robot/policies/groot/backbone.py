@@ -96,7 +96,7 @@ class _BatchedVisionBlock(nn.Module):
 
     def __init__(self, block: nn.Module) -> None:
         super().__init__()
-        self.block = block
+        self.block: Any = block  # transformers' Qwen3VLVisionBlock
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, num_images: int) -> Tensor:
         from transformers.models.qwen3_vl.modeling_qwen3_vl import apply_rotary_pos_emb_vision

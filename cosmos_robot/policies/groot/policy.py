@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from cosmos_robot.policies.compiling import compile_blocks
-from cosmos_robot.policies.cuda_graphs import GraphCache, bucket_size, pad_rows
+from cosmos_robot.policies.cuda_graphs import GraphCache, GraphCaptureError, bucket_size, pad_rows
 from cosmos_robot.policies.groot.backbone import FastQwen3Backbone, supports_fast_backbone
 from cosmos_robot.policies.groot.fast import chunk_from_inputs, euler_loop
 from cosmos_robot.policies.lerobot_io import LeRobotIO
@@ -75,7 +75,7 @@ class Gr00tPolicy(BatchPolicy):
         dtype: str | None = None,
         cuda_graphs: bool = True,
         compile: bool = False,
-        gpu_images: bool = True,
+        gpu_images: bool = False,
     ) -> Gr00tPolicy:
         """Load a LeRobot GR00T folder. ``dtype``: cast the weights (``bfloat16``; default: as saved,
         LeRobot's float32, under its bf16 autocast when ``use_bf16``). ``cuda_graphs``: on CUDA the
@@ -83,7 +83,7 @@ class Gr00tPolicy(BatchPolicy):
         every block of every layer stack (vision tower, language model, VL self-attention, DiT).
         ``gpu_images``: on CUDA, LeRobot's VLM encode step resizes and patchifies the camera images
         on the GPU (its own ``device`` setting; folders trained with albumentations keep their cv2
-        path on the CPU)."""
+        path on the CPU). Off by default: LeRobot's default, and not yet measured on the GPU."""
         root = Path(ckpt_dir)
         weights_dtype = torch_dtype(dtype) if dtype is not None else None
         require_files(root, REQUIRED_FILES, "LeRobot GR00T")
@@ -184,6 +184,9 @@ class Gr00tPolicy(BatchPolicy):
                 actions = self._predict_fast(backbone_inputs, action_inputs)
             except ValueError as exc:  # a layout the fast backbone does not plan (mixed image sizes)
                 log.warning("GR00T fast path not used for this batch (%s); running LeRobot's backbone", exc)
+            except GraphCaptureError as exc:  # keep serving: the stepwise path computes the same chunk
+                log.error("GR00T: %s; serving with LeRobot's backbone and the graphed flow loop from now on", exc)
+                self._chunk = None
         if actions is None:
             actions = self._predict_stepwise(backbone_inputs, action_inputs)
         actions = actions[:, : policy._resolve_prediction_horizon(actions)]
