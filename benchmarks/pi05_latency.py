@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "--compile-mode", default=None, choices=["default", "max-autotune-no-cudagraphs"],
         help="torch.compile mode for --compile (max-autotune-no-cudagraphs tunes kernels for these shapes)",
     )  # fmt: skip
+    ap.add_argument("--attention", choices=["sdpa", "math"], default="sdpa", help="Pi05Model.set_attention")
     ap.add_argument("--trim-prompt", action="store_true", help="cut the prompt's padding before the graph")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -163,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         native.load_state_dict(state, strict=True, assign=True)
         del state
+    native.set_attention(args.attention)
     eager = Pi05Policy.from_model(native, cfg, stats, tokenizer, cuda_graphs=False)
     graphed = eager
     if dev.startswith("cuda"):
@@ -179,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     report["compile"] = (args.compile_mode or "default") if args.compile else False
     report["trim_prompt"] = args.trim_prompt
+    report["attention"] = args.attention
     report["precision"] = args.precision
     report["params_million"] = round(sum(p.numel() for p in native.parameters()) / 1e6, 1)
 

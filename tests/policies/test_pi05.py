@@ -265,3 +265,28 @@ def test_trimming_the_prompt_padding_changes_no_output() -> None:
     left = torch.zeros_like(x.token_mask)
     left[:, -3:] = True  # a left-padded batch is left alone
     assert trim_text(x.tokens, left)[0].shape == x.tokens.shape
+
+
+def test_math_attention_equals_fused_attention() -> None:
+    """``attention="math"`` (matmuls + float32 softmax, for Inductor to fuse) computes the chunk the
+    fused SDPA kernel computes, padded prompts included; a bad name is refused."""
+    policy = tiny_pi05(seed=4)
+    obs = [libero_obs(0), libero_obs(1, prompt="open the drawer")]
+    with torch.inference_mode():
+        x = policy.prepare(obs)
+        noise = torch.randn(
+            2, policy.arch.chunk_size, policy.arch.max_action_dim, generator=torch.Generator().manual_seed(0)
+        )
+        fused = policy.model.generate(x.images, x.image_masks, x.tokens, x.token_mask, noise, 4)
+        policy.model.set_attention("math")
+        math = policy.model.generate(x.images, x.image_masks, x.tokens, x.token_mask, noise, 4)
+    torch.testing.assert_close(math, fused, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="attention 'flash' is not one of"):
+        policy.model.set_attention("flash")
+
+
+def test_attention_is_a_loader_option(folder: Path) -> None:
+    loaded = Pi05Policy.from_pretrained(folder, attention="math")
+    assert loaded.model.attention == "math"
+    with pytest.raises(ValueError, match="attention 'fast' is not one of"):
+        Pi05Policy.from_pretrained(folder, attention="fast")

@@ -402,6 +402,7 @@ class Pi05Model(nn.Module):
     def __init__(self, arch: Pi05Architecture) -> None:
         super().__init__()
         self.arch = arch
+        self.attention = "sdpa"  # see set_attention
         self.paligemma_with_expert = _PaliGemmaWithExpert(arch)
         w = arch.expert.width
         self.action_in_proj = nn.Linear(arch.max_action_dim, w)
@@ -461,6 +462,15 @@ class Pi05Model(nn.Module):
         out = layer.mlp(x.to(layer.mlp.up_proj.weight.dtype))
         return h + (out if gate2 is None else out * gate2)
 
+    def set_attention(self, impl: str) -> None:
+        """How the masked attention runs: ``"sdpa"`` (PyTorch's fused kernels; with an additive mask
+        and head_dim 256 that is cuDNN's or the memory-efficient kernel) or ``"math"`` (two matmuls
+        and a float32 softmax, which Inductor fuses under ``compile``: for the flow steps' small
+        problems, 400 query rows by ~760 keys, a fused kernel's fixed cost dominates)."""
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention {impl!r} is not one of {list(ATTENTION_IMPLS)}")
+        self.attention = impl
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         """Grouped-query attention without copying K/V: the heads sharing a K/V head are stacked
         along the query axis (``mask`` already repeats its rows, see ``_additive``)."""
@@ -468,7 +478,11 @@ class Pi05Model(nn.Module):
         kv = k.shape[1]
         q = q.reshape(b, kv, (h // kv) * n, d)
         scale = self.arch.vlm.head_dim**-0.5
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        if self.attention == "math":
+            scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale + mask.float()
+            out = torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return out.reshape(b, h, n, d).transpose(1, 2).reshape(b, n, h * d)
 
     def encode_prefix(
@@ -590,6 +604,7 @@ def trim_text(tokens: Tensor, token_mask: Tensor, multiple: int = 32) -> tuple[T
 
 
 COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
+ATTENTION_IMPLS = ("sdpa", "math")
 
 
 class GraphedGenerate:

@@ -135,8 +135,11 @@ class Pi05Policy(BatchPolicy):
         cuda_graphs: bool | None = None,
         compile: bool | str = False,
         trim_prompt: bool = False,
+        attention: str | None = None,
     ) -> None:
         self.model = model.eval()
+        if attention is not None:
+            model.set_attention(attention)
         self.lerobot_config = lerobot_config
         self.preprocessor, self.postprocessor, self.tokenizer = preprocessor, postprocessor, tokenizer
         self.serve_seed = serve_seed
@@ -172,6 +175,7 @@ class Pi05Policy(BatchPolicy):
         precision: str = "mixed",
         compile: bool | str = False,
         trim_prompt: bool = False,
+        attention: str = "sdpa",
     ) -> Pi05Policy:
         """Load a LeRobot pi05 folder (see ``checkpoint``). ``dtype`` defaults to the config's ``dtype``;
         in bfloat16, ``precision="mixed"`` keeps the vision path, the norms and the action projections
@@ -180,7 +184,8 @@ class Pi05Policy(BatchPolicy):
         ``compile`` adds ``torch.compile`` under it (``true``, or an Inductor mode name such as
         ``"max-autotune-no-cudagraphs"``). ``trim_prompt`` cuts the prompt's padding before the
         graph (5-8% faster on an H200, the same outputs), at the price of one more graph, and compile,
-        per prompt-length bucket: for servers with stable prompts (docs/pi05.md)."""
+        per prompt-length bucket: for servers with stable prompts (docs/pi05.md). ``attention``:
+        ``"sdpa"`` or ``"math"`` (``Pi05Model.set_attention``)."""
         root = Path(ckpt_dir)
         check_folder(root)
         raw = read_config(root)
@@ -211,8 +216,9 @@ class Pi05Policy(BatchPolicy):
         except (OSError, ValueError, KeyError, FileNotFoundError) as exc:
             raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
         return cls(
-            model, lr_config, pre, post, tokenizer, cuda_graphs=cuda_graphs, compile=compile, trim_prompt=trim_prompt
-        )
+            model, lr_config, pre, post, tokenizer,
+            cuda_graphs=cuda_graphs, compile=compile, trim_prompt=trim_prompt, attention=attention,
+        )  # fmt: skip
 
     @classmethod
     def from_model(
