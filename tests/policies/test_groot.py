@@ -142,6 +142,30 @@ def test_a_failed_capture_falls_back_to_the_stepwise_path(
     np.testing.assert_allclose(ours, _lerobot_chunks(p, obs), atol=1e-6)
 
 
+def test_caching_processor_gives_lerobots_preprocessed_batches(groot_folder: Path) -> None:
+    """The served preprocessor keeps the tokenised prompts; batch after batch it returns what
+    LeRobot's own pipeline returns, for repeated, new and mixed prompts."""
+    import torch
+    from lerobot.policies.factory import make_pre_post_processors
+
+    from cosmos_robot.policies.groot.processing import CachingVLProcessor
+
+    served = Gr00tPolicy.from_pretrained(groot_folder)
+    step = next(s for s in served.preprocessor.steps if type(s).__name__ == "GrootN17VLMEncodeStep")
+    assert isinstance(step.proc, CachingVLProcessor)
+    plain, _ = make_pre_post_processors(served.policy.config, pretrained_path=str(groot_folder))
+    other = libero_obs(5)
+    other["prompt"] = "close the microwave"
+    batches = [[libero_obs(0), libero_obs(1)], [libero_obs(2), libero_obs(3)], [libero_obs(4), other], [libero_obs(6)]]
+    for obs in batches:
+        ours, ref = served.preprocessor(served.io.batch(obs)), plain(served.io.batch(obs))
+        assert sorted(ours) == sorted(ref)
+        for key, value in ref.items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(ours[key], value), key
+    assert step.proc.hits == 1  # the second batch reused the first one's prompts
+
+
 def test_graph_cache_runs_eagerly_off_cuda() -> None:
     import torch
 

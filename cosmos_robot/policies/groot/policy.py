@@ -30,6 +30,7 @@ from cosmos_robot.policies.compiling import compile_blocks
 from cosmos_robot.policies.cuda_graphs import GraphCache, GraphCaptureError, bucket_size, pad_rows
 from cosmos_robot.policies.groot.backbone import FastQwen3Backbone, supports_fast_backbone
 from cosmos_robot.policies.groot.fast import chunk_from_inputs, euler_loop
+from cosmos_robot.policies.groot.processing import install_caching_processor
 from cosmos_robot.policies.lerobot_io import LeRobotIO
 from cosmos_robot.policies.registry import CheckpointError, read_json, require_files, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
@@ -118,6 +119,7 @@ class Gr00tPolicy(BatchPolicy):
             )
         except (OSError, ValueError, KeyError) as exc:
             raise CheckpointError(f"{root}: LeRobot could not load the processor pipelines: {exc}") from exc
+        install_caching_processor(pre)  # the same outputs; prompts tokenised once, not every step
         if gpu_images and torch.device(device).type == "cuda":
             for step in pre.steps:
                 if type(step).__name__ == "GrootN17VLMEncodeStep" and not getattr(step, "use_albumentations", True):
