@@ -6,9 +6,10 @@ action head, 4 flow steps, chunk 40) and loaded the way ``serve --ckpt`` loads t
 
 - ``lerobot predict_action_chunk``: LeRobot's own model call on an already-processed batch (the
   reference the issue names);
-- ``preprocessor``: LeRobot's processor pipeline (Qwen3-VL image processing, tokenisation,
-  normalisation) on the raw observations, with the images processed on the CPU (its default) and
-  on the GPU (its VLM encode step's ``device``, which our loader sets on CUDA);
+- ``preprocessor``: LeRobot's own processor pipeline (Qwen3-VL image processing, tokenisation,
+  normalisation) on the raw observations, then ours (the same pipeline with the tokenised prompts
+  kept, ``cosmos_robot.policies.groot.processing``), with the images on the CPU and, on CUDA, on
+  the GPU (LeRobot's VLM encode step's own ``device``, ``-a gpu_images=true``);
 - ``ours model``: on the same processed batch, first the previous path (LeRobot's backbone run
   eagerly, the flow loop replayed as a CUDA graph), then ``Gr00tPolicy._predict``: the whole chunk
   (the capturable backbone of ``cosmos_robot.policies.groot.backbone``, the encoders, the loop)
@@ -109,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         fast = Gr00tPolicy.from_pretrained(
             folder, device=args.device, dtype="bfloat16", compile=args.compile, gpu_images=True
         )
+    from lerobot.policies.factory import make_pre_post_processors
+
+    lerobot_pre, _ = make_pre_post_processors(
+        served.policy.config,
+        pretrained_path=str(folder),
+        preprocessor_overrides={"device_processor": {"device": args.device}},
+    )
     params = sum(p.numel() for p in served.policy.parameters())
     cuda = args.device.startswith("cuda")
     rows: dict[str, Any] = {}
@@ -121,17 +129,21 @@ def main(argv: list[str] | None = None) -> int:
                 "lerobot predict_action_chunk": timed(
                     lambda p=processed: served.policy.predict_action_chunk(p), args.iters, cuda
                 ),
-                "preprocessor, images on the CPU (LeRobot's default)": _with_cpu_images(
-                    served, lambda bt=batch: timed(lambda: served.preprocessor(bt), args.iters, cuda)
+                "LeRobot's preprocessor (images on the CPU, its default)": timed(
+                    lambda bt=batch: lerobot_pre(bt), args.iters, cuda
                 ),
-                "preprocessor, images on the GPU (ours)": timed(
-                    lambda bt=batch: served.preprocessor(bt), args.iters, cuda
+                "ours preprocessor (prompts kept), images on the CPU": _with_cpu_images(
+                    served, lambda bt=batch: timed(lambda: served.preprocessor(bt), args.iters, cuda)
                 ),
                 "ours model, LeRobot's backbone eager + graphed flow loop": timed(
                     lambda p=processed: _stepwise(served, p), args.iters, cuda
                 ),
                 "ours model, whole chunk graphed": timed(lambda p=processed: served._predict(p), args.iters, cuda),
             }
+            if cuda:
+                rows[f"b{b}"]["ours preprocessor (prompts kept), images on the GPU"] = timed(
+                    lambda bt=batch: served.preprocessor(bt), args.iters, cuda
+                )
             if fast is not None:
                 rows[f"b{b}"]["ours model, bf16 weights, LeRobot's backbone eager + graphed loop"] = timed(
                     lambda p=processed: _stepwise(fast, p), args.iters, cuda
