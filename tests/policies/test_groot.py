@@ -164,6 +164,11 @@ def test_caching_processor_gives_lerobots_preprocessed_batches(groot_folder: Pat
             if isinstance(value, torch.Tensor):
                 assert torch.equal(ours[key], value), key
     assert step.proc.hits == 1  # the second batch reused the first one's prompts
+    import copy
+
+    copied = copy.deepcopy(served.preprocessor)  # the RL trainer copies policies
+    obs = batches[0]
+    assert torch.equal(copied(served.io.batch(obs))["input_ids"], plain(served.io.batch(obs))["input_ids"])
 
 
 def test_graph_cache_runs_eagerly_off_cuda() -> None:

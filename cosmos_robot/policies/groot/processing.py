@@ -35,7 +35,10 @@ class CachingVLProcessor:
         self.hits = 0
 
     def __getattr__(self, name: str) -> Any:  # apply_chat_template, tokenizer, image_processor, ...
-        return getattr(self._processor, name)
+        inner = self.__dict__.get("_processor")  # absent while copy/pickle rebuild the object
+        if inner is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(inner, name)
 
     def __call__(self, images: Any = None, text: Any = None, videos: Any = None, **kwargs: Any) -> Any:
         if images is None or text is None or videos is not None or not isinstance(text, list):
