@@ -54,6 +54,23 @@ def _torch_device(name: str) -> str:
     return str(dev)
 
 
+def warmup_batches(value: str, max_batch: int, device: str | None) -> tuple[int, ...]:
+    """``serve --warmup``: ``auto`` -> powers of two up to ``max_batch`` (and ``max_batch``) when a
+    checkpoint runs on a GPU, else none; ``none``; or a comma-separated list of batch sizes."""
+    text = value.strip().lower()
+    if text == "auto":
+        if device is None or not device.startswith("cuda"):
+            return ()
+        sizes = {1 << i for i in range(max_batch.bit_length()) if 1 << i <= max_batch} | {max_batch}
+        return tuple(sorted(sizes))
+    if text in ("none", "0", ""):
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError as exc:
+        raise ValueError(f"--warmup {value!r}: expected auto, none or batch sizes such as 1,4,8") from exc
+
+
 @app.command()
 def serve(
     ckpt: Annotated[
@@ -93,6 +110,14 @@ def serve(
     enable_kill: Annotated[bool, typer.Option(help="Allow GR00T clients to stop the server with `kill`.")] = False,
     device: Annotated[
         str, typer.Option(help="Torch device for --ckpt (auto: cuda when available, else cpu).")
+    ] = "auto",
+    warmup: Annotated[
+        str,
+        typer.Option(
+            help="Batch sizes to run on the policy's example observation before reporting ready, so "
+            "compilation and CUDA graph captures happen at start-up: 'auto' (--ckpt on a GPU: 1, 2, 4, ... "
+            "up to --max-batch), 'none', or a list such as '1,4,8'."
+        ),
     ] = "auto",
     groot_layout: Annotated[
         Optional[str],
@@ -137,6 +162,7 @@ def serve(
             "pass exactly one of --ckpt DIR or --policy MODULE:FACTORY", param_hint="--ckpt/--policy"
         )
     try:
+        resolved_device = _torch_device(device) if ckpt is not None else None
         config = ServerConfig(
             host=host,
             port=port,
@@ -148,11 +174,12 @@ def serve(
             api_key=api_key,
             max_message_bytes=int(max_message_mb * 1024 * 1024),
             enable_kill=enable_kill,
+            warmup_batches=warmup_batches(warmup, max_batch, resolved_device),
         )
         if ckpt is not None:
             from cosmos_robot.policies import load_policy as load_checkpoint
 
-            pol = load_checkpoint(ckpt, device=_torch_device(device), **parse_policy_args(policy_arg or []))
+            pol = load_checkpoint(ckpt, device=resolved_device, **parse_policy_args(policy_arg or []))
         else:
             pol = load_policy(str(policy), parse_policy_args(policy_arg or []))
         if groot_layout is not None:
@@ -185,6 +212,9 @@ def serve(
         server.serve_forever(on_ready=announce)
     except OSError as exc:
         typer.secho(f"error: cannot listen: {exc}", fg="red", err=True)
+        raise typer.Exit(1) from exc
+    except (RuntimeError, ValueError) as exc:  # a failed warm-up: the policy would fail its first clients
+        typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(1) from exc
     finally:
         if driver is not None:

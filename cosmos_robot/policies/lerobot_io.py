@@ -116,6 +116,18 @@ class LeRobotIO:
                     )
         return InputSpec(fields, allow_extra=False, ignored_keys=IGNORED_KEYS)
 
+    def example(self, image_size: int = 224, prompt: str = "do something") -> dict[str, Any]:
+        """A valid observation under LeRobot's own keys: gray HxWx3 uint8 cameras, zero state."""
+        obs: dict[str, Any] = {}
+        for key, names in self.aliases.items():
+            if key == TASK_KEY:
+                obs[names[0]] = prompt
+            elif key == STATE_KEY:
+                obs[names[0]] = np.zeros(self.state_dim, dtype=np.float32)
+            else:
+                obs[names[0]] = np.full((image_size, image_size, 3), 128, dtype=np.uint8)
+        return obs
+
     @property
     def expected_keys(self) -> dict[str, list[str]]:
         return {k: list(v) for k, v in self.aliases.items()}

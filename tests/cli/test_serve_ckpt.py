@@ -78,6 +78,22 @@ def test_serve_pi05_ckpt_answers_real_openpi_client(pi05_ckpt: Path) -> None:
     assert got == {"shape": [5, 7], "dtype": "float32", "type": "pi05", "horizon": 5, "finite": True}
 
 
+def test_serve_warms_up_before_ready(pi05_ckpt: Path) -> None:
+    got = serve_and_ask(pi05_ckpt, OPENPI_CLIENT, "--warmup", "1,2", "--max-batch", "4")
+    assert got["shape"] == [got["horizon"], 7] and got["finite"]
+
+
+def test_warmup_option() -> None:
+    from cosmos_robot.cli import warmup_batches
+
+    assert warmup_batches("auto", 16, "cuda:0") == (1, 2, 4, 8, 16)
+    assert warmup_batches("auto", 6, "cuda") == (1, 2, 4, 6)
+    assert warmup_batches("auto", 16, "cpu") == () and warmup_batches("auto", 16, None) == ()
+    assert warmup_batches("none", 16, "cuda") == () and warmup_batches("1,4", 16, "cpu") == (1, 4)
+    with pytest.raises(ValueError, match="--warmup 'fast': expected auto, none or batch sizes"):
+        warmup_batches("fast", 16, "cpu")
+
+
 def test_serve_ckpt_bad_folder_is_a_clear_error(tmp_path: Path) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["serve", "--ckpt", str(tmp_path)])

@@ -103,3 +103,22 @@ def test_layouts_require_exactly_one_complete_key_set() -> None:
         spec.validate({"prompt": "x"})
     with pytest.raises(ObservationError, match="^a: mixes two layouts"):
         spec.validate({"a": pic, "canvas": pic, "prompt": "x"})
+
+
+def test_example_takes_the_first_layout_and_sized_images() -> None:
+    """With layouts (RoboLab's three views or one composed canvas) the example is one complete
+    layout, and free image dimensions get a real image size."""
+    spec = InputSpec(
+        {
+            "observation/exterior": ArraySpec((None, None, 3), "uint8", optional=True),
+            "observation/wrist": ArraySpec((None, None, 3), "uint8", optional=True),
+            "observation/image": ArraySpec((None, None, 3), "uint8", optional=True),
+            "observation/state": ArraySpec((None,), "floating"),
+            "prompt": TextSpec(),
+        },
+        layouts=(("observation/exterior", "observation/wrist"), ("observation/image",)),
+    )
+    example = spec.example(image_size=96)
+    spec.validate(example)
+    assert "observation/image" not in example and example["observation/wrist"].shape == (96, 96, 3)
+    assert example["observation/state"].shape == (1,) and example["prompt"]

@@ -45,6 +45,10 @@ def test_chunks_have_the_right_shape_and_are_reproducible(policy: Gr00tPolicy) -
     assert np.abs(a[0]["actions"] - a[1]["actions"]).max() > 1e-4
 
 
+def test_example_observation_is_served(policy: Gr00tPolicy) -> None:
+    assert policy.infer(policy.example_observation())["actions"].shape == (8, 7)
+
+
 def test_metadata_and_bad_observations(policy: Gr00tPolicy) -> None:
     meta = policy.metadata
     assert meta["type"] == "groot" and meta["action_horizon"] == 8 and meta["action_dim"] == 7

@@ -290,3 +290,10 @@ def test_attention_is_a_loader_option(folder: Path) -> None:
     assert loaded.model.attention == "math"
     with pytest.raises(ValueError, match="attention 'fast' is not one of"):
         Pi05Policy.from_pretrained(folder, attention="fast")
+
+
+def test_example_observation_is_served(policy: Pi05Policy) -> None:
+    """What `serve --warmup` runs: LeRobot's own keys, one valid observation."""
+    example = policy.example_observation()
+    assert "observation.state" in example and "task" in example
+    assert policy.infer(example)["actions"].shape == (policy.lerobot_config.n_action_steps, policy.action_dim)

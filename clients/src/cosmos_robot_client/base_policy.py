@@ -41,6 +41,20 @@ class BasePolicy(abc.ABC):
         """The observation keys, shapes and dtypes this policy accepts; ``None`` accepts anything."""
         return None
 
+    def example_observation(self) -> dict[str, Any] | None:
+        """One valid observation for warming the policy up before serving (compilation, CUDA graph
+        capture), or ``None`` when it cannot make one. By default the input spec's zero-filled
+        example, if the spec accepts it; families whose keys are aliases override this."""
+        spec = self.input_spec
+        if spec is None:
+            return None
+        obs = spec.example()
+        try:
+            spec.validate(obs)
+        except ValueError:
+            return None
+        return obs
+
     @property
     def cheap_inference(self) -> bool:
         """True only if ``infer`` takes microseconds and never blocks (scripted or constant policies).

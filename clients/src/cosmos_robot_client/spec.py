@@ -186,16 +186,29 @@ class InputSpec:
                 )
         return cls(fields, allow_extra=allow_extra)
 
-    def example(self, *, free_dim: int = 1, prompt: str = "do something") -> dict[str, Any]:
-        """A zero-filled observation that satisfies the spec (client bring-up, warm-up, probes)."""
+    def example(self, *, free_dim: int = 1, image_size: int = 224, prompt: str = "do something") -> dict[str, Any]:
+        """A zero-filled observation that satisfies the spec (client bring-up, warm-up, probes).
+
+        Free dimensions are ``free_dim``, except the height and width of image-like fields
+        (``(H, W, 3)`` or ``(3, H, W)``), which are ``image_size``. With layouts, the keys of the
+        first layout are used and those of the others left out."""
+        first = set(self.layouts[0]) if self.layouts else set()
+        others = {k for layout in self.layouts[1:] for k in layout} - first
         obs: dict[str, Any] = {}
         for key, spec in self.fields.items():
+            if key in others:
+                continue
             if isinstance(spec, TextSpec):
                 obs[key] = prompt
                 continue
             family = {"floating": "float32", "integer": "int64", "number": "float32", "bool": "bool"}
             dtype = np.dtype(family.get(spec.dtype, spec.dtype))
-            obs[key] = np.zeros(tuple(free_dim if d is None else d for d in spec.shape), dtype=dtype)
+            shape = list(spec.shape)
+            if len(shape) == 3 and (shape[-1] == 3 or shape[0] == 3):
+                spatial = (0, 1) if shape[-1] == 3 else (1, 2)
+                for i in spatial:
+                    shape[i] = image_size if shape[i] is None else shape[i]
+            obs[key] = np.zeros(tuple(free_dim if d is None else d for d in shape), dtype=dtype)
         return obs
 
 

@@ -156,6 +156,9 @@ class Gr00tPolicy(BatchPolicy):
     def input_spec(self) -> InputSpec:
         return self.io.spec
 
+    def example_observation(self) -> dict[str, Any]:
+        return self.io.example()
+
     def reset(self) -> None:
         self.policy.reset()
 

@@ -275,6 +275,9 @@ class Pi05Policy(BatchPolicy):
     def input_spec(self) -> InputSpec:
         return self.io.spec
 
+    def example_observation(self) -> dict[str, Any]:
+        return self.io.example()
+
     def canonical(self, obs: Mapping[str, Any], index: int) -> dict[str, Any]:
         return self.io.canonical(obs, index)
 

@@ -30,6 +30,9 @@ class ServerConfig:
     ping_timeout_s: float | None = 60.0  # drop a peer whose pong is this late; None disables
     request_timeout_s: float | None = None  # fail a request whose inference takes longer; None = no limit
     metadata: dict[str, Any] = field(default_factory=dict)  # extra facts announced to clients
+    # batch sizes run once on the policy's example observation before the server reports ready
+    # (compilation and CUDA graph captures happen then, not in a client's first requests)
+    warmup_batches: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.transports = tuple(self.transports)
@@ -46,5 +49,11 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.max_wait_ms: must be >= 0, got {self.max_wait_ms}")
         if self.max_message_bytes < 1024:
             raise ValueError(f"ServerConfig.max_message_bytes: must be >= 1024, got {self.max_message_bytes}")
+        self.warmup_batches = tuple(self.warmup_batches)
+        bad = [n for n in self.warmup_batches if not isinstance(n, int) or not 1 <= n <= self.max_batch_size]
+        if bad:
+            raise ValueError(
+                f"ServerConfig.warmup_batches: {bad} not batch sizes between 1 and max_batch_size={self.max_batch_size}"
+            )
         if self.api_key is not None and not self.api_key:
             raise ValueError("ServerConfig.api_key: empty string; pass None to disable authentication")

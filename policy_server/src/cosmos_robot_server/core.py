@@ -60,6 +60,32 @@ class ServingCore:
         self.ready = False
         await self.batcher.stop()
 
+    async def warm_up(self, batch_sizes: Sequence[int]) -> dict[int, float]:
+        """Run the policy once per batch size on its example observation, on the thread that serves
+        it; returns seconds per size. A policy that cannot make an example, or fails on it, is an
+        error (better than serving one that fails on the first robot)."""
+        make_example = getattr(self.policy, "example_observation", None)
+        example = make_example() if callable(make_example) else None
+        if example is None:
+            raise RequestError(
+                f"{type(self.policy).__name__} offers no example observation (example_observation() is None), "
+                "so it cannot be warmed up; serve without warm-up"
+            )
+        seconds: dict[int, float] = {}
+        for n in sorted(set(batch_sizes)):
+            batch = [dict(example) for _ in range(n)]
+            if supports_batch(self.policy):
+                fn = lambda b=batch: self.policy.infer_batch(b)  # type: ignore[attr-defined]  # noqa: E731
+            else:
+                fn = lambda b=batch: [self.policy.infer(o) for o in b]  # noqa: E731
+            t0 = time.perf_counter()
+            try:
+                await self.batcher.call(fn)
+            except Exception as exc:
+                raise RuntimeError(f"warm-up with a batch of {n} failed: {type(exc).__name__}: {exc}") from exc
+            seconds[n] = time.perf_counter() - t0
+        return seconds
+
     # -- facts -----------------------------------------------------------------------------
     @property
     def metadata(self) -> dict[str, Any]:

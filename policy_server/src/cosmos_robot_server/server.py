@@ -86,6 +86,9 @@ class PolicyServer:
                 transport.on_kill = self.stop
             self.ports[name] = await transport.start()
             self._transports.append(transport)
+        if self.config.warmup_batches:  # listening (/healthz answers) but not ready until warm
+            seconds = await self.core.warm_up(self.config.warmup_batches)
+            log.info("warm-up: %s", ", ".join(f"batch {n} in {s:.1f} s" for n, s in seconds.items()))
         self.core.ready = True
         log.info("serving on %s", ", ".join(f"{n}={self.config.host}:{p}" for n, p in self.ports.items()))
 
