@@ -297,3 +297,21 @@ def test_example_observation_is_served(policy: Pi05Policy) -> None:
     example = policy.example_observation()
     assert "observation.state" in example and "task" in example
     assert policy.infer(example)["actions"].shape == (policy.lerobot_config.n_action_steps, policy.action_dim)
+
+
+def test_a_failed_capture_serves_eagerly(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """If a GPU stack refuses the chunk's capture, serving goes on eagerly (logged) with the same chunks."""
+    from cosmos_robot.policies.cuda_graphs import GraphCaptureError
+
+    policy = tiny_pi05(seed=5)
+    expected = policy.infer_batch([libero_obs(0)])[0]["actions"]
+
+    class Refusing:
+        def __call__(self, *args: object) -> None:
+            raise GraphCaptureError("capturing _generate as a CUDA graph failed: test")
+
+    policy.graphed = Refusing()  # type: ignore[assignment]
+    with caplog.at_level("ERROR"):
+        got = policy.infer_batch([libero_obs(0)])[0]["actions"]
+    assert policy.graphed is None and "serving eagerly" in caplog.text
+    np.testing.assert_allclose(got, expected, atol=1e-6)

@@ -19,6 +19,7 @@ chunks whatever else shares the batch; ``noise=`` overrides it (parity checks, R
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cosmos_robot.policies.cuda_graphs import GraphCaptureError
 from cosmos_robot.policies.lerobot_io import LeRobotIO
 from cosmos_robot.policies.pi05.checkpoint import (
     CONFIG_FILE,
@@ -47,6 +49,8 @@ from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import InputSpec
 
 __all__ = ["Pi05Inputs", "Pi05Policy", "build_processors", "resize_with_pad"]
+
+log = logging.getLogger(__name__)
 
 ACTION_KEY = "action"
 TOKENS_KEY, TOKEN_MASK_KEY = "observation.language.tokens", "observation.language.attention_mask"
@@ -311,7 +315,11 @@ class Pi05Policy(BatchPolicy):
     def generate(self, inputs: Pi05Inputs, noise: torch.Tensor) -> torch.Tensor:
         """Model-space chunks for prepared inputs: the captured graph on CUDA, else eager."""
         if self.graphed is not None and type(self).denoise is Pi05Policy.denoise:
-            return self.graphed(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise)
+            try:
+                return self.graphed(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise)
+            except GraphCaptureError as exc:  # keep serving: the eager path computes the same chunk
+                log.error("pi05: %s; serving eagerly from now on", exc)
+                self.graphed = None
         return self.denoise(self.encode(inputs), noise)
 
     def unnormalize(self, actions: torch.Tensor) -> np.ndarray:
