@@ -110,6 +110,9 @@ class Gr00tLayoutPolicy(BatchPolicy):
     def reset(self) -> None:
         self.inner.reset()
 
+    def example_observation(self) -> dict[str, Any] | None:
+        return self.inner.example_observation()  # the inner policy's own keys are accepted as they are
+
     def _split(self, obs: Mapping[str, Any], index: int) -> tuple[list[dict[str, Any]], bool]:
         """GR00T flat obs -> inner observations, and whether it carried a batch axis."""
         lay = self.layout

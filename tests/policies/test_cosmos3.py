@@ -81,6 +81,13 @@ def test_state_free_loop_matches_the_stock_pipeline_bit_for_bit() -> None:
         assert info["transformer_calls"] == (8 if guidance != 1.0 else 4)
 
 
+def test_example_observation_is_served(droid: Cosmos3Policy) -> None:
+    """The DROID spec's example takes its first layout (the three views), which the policy serves."""
+    example = droid.example_observation()
+    assert example is not None and "observation/image" not in example
+    assert droid.infer(example)["actions"].shape == (32, 8)
+
+
 def test_droid_chunk_shape_state_row_and_gripper_flip(droid: Cosmos3Policy) -> None:
     a = droid.infer(droid_obs(0))["actions"]
     assert a.shape == (32, 8) and a.dtype == np.float32 and np.isfinite(a).all()

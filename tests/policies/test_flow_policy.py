@@ -256,3 +256,13 @@ def test_stats_must_match_config() -> None:
         FlowPolicy(FlowModel(cfg), stats)
     with pytest.raises(ValueError, match="missing 'actions'"):
         FlowPolicy(FlowModel(cfg), {"state": tiny_stats(cfg)["state"]})
+
+
+def test_example_observation_is_served() -> None:
+    """What `serve --warmup` runs: the spec's example (224 px cameras, zero state)."""
+    policy = _policy()
+    example = policy.example_observation()
+    assert example is not None and all(
+        example[f"observation/{c}"].shape == (224, 224, 3) for c in policy.config.cameras
+    )
+    assert policy.infer(example)["actions"].shape == (policy.config.horizon, policy.config.action_dim)

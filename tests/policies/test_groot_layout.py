@@ -49,6 +49,11 @@ def test_batched_request_equals_the_inner_policy_per_env(wrapped: Gr00tLayoutPol
         np.testing.assert_allclose(got, ref, atol=1e-5)
 
 
+def test_example_observation_is_the_inner_policys(wrapped: Gr00tLayoutPolicy) -> None:
+    example = wrapped.example_observation()
+    assert example is not None and wrapped.infer(example)["actions"].shape[-1] == 7
+
+
 def test_unbatched_n15_request_and_plain_requests_pass(wrapped: Gr00tLayoutPolicy) -> None:
     single, plain = wrapped.infer_batch([flat(None, seed=7), libero_obs(7)])
     assert single["action.x"].shape == (5, 1)
