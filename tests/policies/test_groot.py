@@ -175,6 +175,35 @@ def test_caching_processor_gives_lerobots_preprocessed_batches(groot_folder: Pat
     assert torch.equal(copied(served.io.batch(obs))["input_ids"], plain(served.io.batch(obs))["input_ids"])
 
 
+def test_the_graphed_chunk_traces_without_host_syncs(policy: Gr00tPolicy) -> None:
+    """What a CUDA graph captures must not read tensors back to the host (``.item()``, ``.tolist()``,
+    ``nonzero``): dynamo breaks its graph at each such read, so zero breaks on the CPU stands for
+    capture safety on the GPU, checked here in CI where no GPU is."""
+    import functools
+
+    import torch
+
+    from cosmos_robot.policies.groot.fast import chunk_from_inputs
+
+    groot = policy.policy._groot_model
+    inputs = policy.policy._filter_groot_inputs(
+        policy.preprocessor(policy.io.batch([libero_obs(0), libero_obs(1)])), include_action=False
+    )
+    with torch.inference_mode():
+        backbone_inputs, action_inputs = groot.prepare_input(inputs)
+        assert policy._backbone is not None
+        plan = policy._backbone.plan(dict(backbone_inputs))
+        head = groot.action_head
+        noise = torch.randn(2, head.config.action_horizon, head.action_dim)
+        fn = functools.partial(chunk_from_inputs, policy._backbone, head)
+        explained = torch._dynamo.explain(fn)(
+            backbone_inputs["pixel_values"], backbone_inputs["input_ids"], action_inputs.state,
+            action_inputs.embodiment_id, noise, *plan.tensors(), num_images=plan.num_images,
+        )  # fmt: skip
+    torch._dynamo.reset()
+    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+
+
 def test_graph_cache_runs_eagerly_off_cuda() -> None:
     import torch
 

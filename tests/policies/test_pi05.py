@@ -315,3 +315,19 @@ def test_a_failed_capture_serves_eagerly(monkeypatch: pytest.MonkeyPatch, caplog
         got = policy.infer_batch([libero_obs(0)])[0]["actions"]
     assert policy.graphed is None and "serving eagerly" in caplog.text
     np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "math"])
+def test_the_graphed_chunk_traces_without_host_syncs(attention: str) -> None:
+    """``generate`` is what the CUDA graph captures: no host reads (dynamo would break its graph at
+    each), checked on the CPU so CI guards the GPU path."""
+    policy = tiny_pi05(seed=0)
+    policy.model.set_attention(attention)
+    with torch.inference_mode():
+        x = policy.prepare([libero_obs(0), libero_obs(1, prompt="open the drawer")])
+        noise = torch.randn(2, policy.arch.chunk_size, policy.arch.max_action_dim)
+        explained = torch._dynamo.explain(policy.model.generate)(
+            x.images, x.image_masks, x.tokens, x.token_mask, noise, 4
+        )
+    torch._dynamo.reset()
+    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
