@@ -201,7 +201,10 @@ def test_the_graphed_chunk_traces_without_host_syncs(policy: Gr00tPolicy) -> Non
             action_inputs.embodiment_id, noise, *plan.tensors(), num_images=plan.num_images,
         )  # fmt: skip
     torch._dynamo.reset()
-    assert explained.graph_break_count == 0, [str(b.reason) for b in explained.break_reasons]
+    # once LeRobot's own backbone has run, transformers' output-recording hooks sit on its layers and
+    # read a ContextVar (plain Python, no device read): dynamo breaks there too, harmlessly
+    syncs = [str(b.reason) for b in explained.break_reasons if "ContextVar" not in str(b.reason)]
+    assert not syncs, syncs
 
 
 def test_graph_cache_runs_eagerly_off_cuda() -> None:
