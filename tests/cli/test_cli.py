@@ -62,6 +62,21 @@ def test_serve_bad_policy_exits_with_message() -> None:
     assert result.exit_code != 0 and "grpc" in result.output
 
 
+def test_serve_warmup_errors_name_the_problem() -> None:
+    """A policy without an example observation cannot be warmed up: exit 1 with the reason; a bad
+    --warmup value or a batch size above --max-batch: exit 2 naming the option."""
+    result = runner.invoke(
+        app, ["serve", "--policy", "cosmos_robot_server.example_policies:constant", "--port", "0", "--warmup", "1"]
+    )
+    assert result.exit_code == 1 and "offers no example observation" in result.output
+    result = runner.invoke(app, ["serve", "--policy", "cosmos_robot_server.example_policies:constant", "--warmup", "x"])
+    assert result.exit_code == 2 and "--warmup 'x'" in result.output
+    result = runner.invoke(
+        app, ["serve", "--policy", "x:y", "--warmup", "1,32", "--max-batch", "16"]
+    )  # fmt: skip
+    assert result.exit_code == 2 and "warmup_batches: [32]" in result.output
+
+
 def read_ready_line(proc: subprocess.Popen[str], timeout_s: float = 60.0) -> dict[str, int]:
     """Wait for ``serve``'s ``ready:`` line; returns {transport: port}."""
     deadline = time.monotonic() + timeout_s

@@ -80,7 +80,8 @@ class Gr00tPolicy(BatchPolicy):
     ) -> Gr00tPolicy:
         """Load a LeRobot GR00T folder. ``dtype``: cast the weights (``bfloat16``; default: as saved,
         LeRobot's float32, under its bf16 autocast when ``use_bf16``). ``cuda_graphs``: on CUDA the
-        action head's flow loop replays as a CUDA graph (:mod:`.fast`). ``compile``: ``torch.compile``
+        whole chunk (backbone, encoders, flow loop) replays as one CUDA graph per input signature
+        (:mod:`.fast`, :mod:`.backbone`). ``compile``: ``torch.compile``
         every block of every layer stack (vision tower, language model, VL self-attention, DiT).
         ``gpu_images``: on CUDA, LeRobot's VLM encode step resizes and patchifies the camera images
         on the GPU (its own ``device`` setting; folders trained with albumentations keep their cv2
@@ -255,6 +256,8 @@ def _pad_samples(t: torch.Tensor, n: int, size: int) -> torch.Tensor:
     images) padded to ``size`` samples by repeating the last sample."""
     if size == n:
         return t
+    if t.shape[0] % n:
+        raise ValueError(f"{t.shape[0]} rows do not split into {n} equal samples")  # the stepwise path serves it
     grouped = t.reshape(n, -1, *t.shape[1:])
     return pad_rows(grouped, size).reshape(-1, *t.shape[1:])
 

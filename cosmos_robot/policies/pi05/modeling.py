@@ -480,8 +480,9 @@ class Pi05Model(nn.Module):
     def set_attention(self, impl: str) -> None:
         """How the masked attention runs: ``"sdpa"`` (PyTorch's fused kernels; with an additive mask
         and head_dim 256 that is cuDNN's or the memory-efficient kernel) or ``"math"`` (two matmuls
-        and a float32 softmax, which Inductor fuses under ``compile``: for the flow steps' small
-        problems, 400 query rows by ~760 keys, a fused kernel's fixed cost dominates)."""
+        and a float32 softmax, which Inductor fuses under ``compile``). Meant for the flow steps' small
+        problems, 400 query rows by ~760 keys, where a fused kernel's fixed cost may dominate; which
+        is faster is for ``benchmarks/pi05_latency.py --attention`` to tell on each GPU."""
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention {impl!r} is not one of {list(ATTENTION_IMPLS)}")
         self.attention = impl

@@ -67,7 +67,7 @@ class ServingCore:
         make_example = getattr(self.policy, "example_observation", None)
         example = make_example() if callable(make_example) else None
         if example is None:
-            raise RequestError(
+            raise ValueError(
                 f"{type(self.policy).__name__} offers no example observation (example_observation() is None), "
                 "so it cannot be warmed up; serve without warm-up"
             )
