@@ -15,7 +15,9 @@ action head, 4 flow steps, chunk 40) and loaded the way ``serve --ckpt`` loads t
   (the capturable backbone of ``cosmos_robot.policies.groot.backbone``, the encoders, the loop)
   replayed as one CUDA graph;
 - ``ours served``: ``Gr00tPolicy.infer_batch``, what our server runs per batch (preprocessor +
-  model + postprocessor); ``bf16`` rows also cast the weights to bfloat16 (``-a dtype=bfloat16``).
+  model + postprocessor); ``bf16`` rows also cast the weights to bfloat16 (``-a dtype=bfloat16``);
+- ``ours through the websocket server``: B concurrent openpi-protocol clients on loopback, the
+  server batching their requests (``server_timing.server_latency``).
 
     python benchmarks/groot_latency.py --size released --device cuda --batch 1 8 --iters 20
     .venv/bin/python benchmarks/groot_latency.py --size tiny --iters 5          # CPU smoke run
@@ -36,6 +38,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_timing import server_latency  # noqa: E402
 
 
 def _obs(seed: int, size: int = 224) -> dict[str, Any]:
@@ -151,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
         rows[f"b{b}"]["ours served"] = timed(lambda o=obs: served.infer_batch(o), args.iters, cuda)
         if fast is not None:
             rows[f"b{b}"]["ours served, bf16 weights"] = timed(lambda o=obs: fast.infer_batch(o), args.iters, cuda)
+        # b concurrent websocket clients -> our server (warmed like `serve --warmup auto`) -> the policy
+        rows[f"b{b}"]["ours through the websocket server" + (", bf16 weights" if fast is not None else "")] = (
+            server_latency(fast if fast is not None else served, b, max(5, args.iters), obs)
+        )
     # last: LeRobot's own backbone forward leaves transformers' output-recording hooks on its layers,
     # which break the compiled blocks' graphs; the compiled whole-chunk rows above ran before them
     for b in args.batch if fast is not None else ():

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 import parity_pi05 as parity
 import torch
+from server_timing import server_latency
 
 
 def sync(device: str) -> None:
@@ -52,37 +52,6 @@ def measure(fn: Callable[[], object], iters: int, device: str, warmup: int = 3) 
         fn()
         sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
-    return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2)}
-
-
-def server_latency(policy: object, batch: int, iters: int, obs: list[dict]) -> dict[str, float]:
-    from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
-    from cosmos_robot_server import PolicyServer, ServerConfig
-
-    server = PolicyServer(policy, ServerConfig(port=0, transports=("ws",))).start_in_thread(timeout_s=120)  # type: ignore[arg-type]
-    try:
-        clients = [WebsocketClientPolicy("127.0.0.1", server.ports["ws"]) for _ in range(batch)]
-        for c, o in zip(clients, obs, strict=False):
-            c.infer(o)  # warm-up (captures the graph for this shape)
-        times: list[float] = []
-        lock = threading.Lock()
-
-        def worker(i: int) -> None:
-            for _ in range(iters):
-                t0 = time.perf_counter()
-                clients[i].infer(obs[i % len(obs)])
-                with lock:
-                    times.append((time.perf_counter() - t0) * 1e3)
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(batch)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        for c in clients:
-            c.close()
-    finally:
-        server.stop()
     return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2)}
 
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from cosmos_robot.policies import CheckpointError, detect_family, load_policy
-from cosmos_robot.policies.pi05.policy import Pi05Policy
+from cosmos_robot.policies.pi05.policy import Pi05Policy, resolve_attention
 from cosmos_robot_client.spec import ObservationError
 from tests.policies._pi05_helpers import libero_obs, tiny_pi05
 
@@ -290,6 +290,16 @@ def test_attention_is_a_loader_option(folder: Path) -> None:
     assert loaded.model.attention == "math"
     with pytest.raises(ValueError, match="attention 'fast' is not one of"):
         Pi05Policy.from_pretrained(folder, attention="fast")
+
+
+def test_auto_attention_is_math_only_under_compile(folder: Path) -> None:
+    """The default picks what measured fastest: math attention only where Inductor compiles it
+    (under the CUDA graph), the fused kernel otherwise."""
+    assert resolve_attention("auto", compiled=True) == "math"
+    assert resolve_attention("auto", compiled=False) == "sdpa"
+    assert resolve_attention("sdpa", compiled=True) == "sdpa" and resolve_attention(None, compiled=True) is None
+    assert Pi05Policy.from_pretrained(folder).model.attention == "sdpa"
+    assert Pi05Policy.from_pretrained(folder, compile=True).model.attention == "sdpa"  # CPU: no graph, no compile
 
 
 def test_example_observation_is_served(policy: Pi05Policy) -> None:

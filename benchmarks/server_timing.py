@@ -1,0 +1,52 @@
+"""Chunk latency through our websocket server, as a robot sees it: shared by the latency benchmarks.
+
+``server_latency`` starts a ``PolicyServer`` on loopback around an already-loaded policy, warms it the
+way ``serve --warmup auto`` does on a GPU (every power-of-two batch bucket up to ``batch``, so that
+compilation and graph captures happen before the clock starts, not in the measured requests), then
+times ``batch`` concurrent websocket clients, each sending ``iters`` requests; the server batches
+whatever arrives together. Returns p50/p99 of the per-request round trip in milliseconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+
+def server_latency(policy: Any, batch: int, iters: int, obs: list[dict], start_timeout_s: float = 600.0) -> dict[str, float]:
+    from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
+    from cosmos_robot_server import PolicyServer, ServerConfig
+
+    from cosmos_robot.cli import warmup_batches
+
+    config = ServerConfig(
+        port=0, transports=("ws",), max_batch_size=max(batch, 1), warmup_batches=warmup_batches("auto", batch, "cuda")
+    )
+    server = PolicyServer(policy, config).start_in_thread(timeout_s=start_timeout_s)
+    try:
+        clients = [WebsocketClientPolicy("127.0.0.1", server.ports["ws"]) for _ in range(batch)]
+        for c, o in zip(clients, obs, strict=False):
+            c.infer(o)  # one round trip each: connections open, nothing left to set up
+        times: list[float] = []
+        lock = threading.Lock()
+
+        def worker(i: int) -> None:
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                clients[i].infer(obs[i % len(obs)])
+                with lock:
+                    times.append((time.perf_counter() - t0) * 1e3)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(batch)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for c in clients:
+            c.close()
+    finally:
+        server.stop()
+    return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2)}
