@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_timing import server_latency  # noqa: E402
+from server_timing import server_latency
 
 
 def _obs(seed: int, size: int = 224) -> dict[str, Any]:

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 
-def server_latency(policy: Any, batch: int, iters: int, obs: list[dict], start_timeout_s: float = 600.0) -> dict[str, float]:
+def server_latency(
+    policy: Any, batch: int, iters: int, obs: list[dict], start_timeout_s: float = 600.0
+) -> dict[str, float]:
+    from cosmos_robot.cli import warmup_batches
     from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
     from cosmos_robot_server import PolicyServer, ServerConfig
-
-    from cosmos_robot.cli import warmup_batches
 
     config = ServerConfig(
         port=0, transports=("ws",), max_batch_size=max(batch, 1), warmup_batches=warmup_batches("auto", batch, "cuda")
