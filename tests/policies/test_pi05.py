@@ -299,7 +299,22 @@ def test_auto_attention_is_math_only_under_compile(folder: Path) -> None:
     assert resolve_attention("auto", compiled=False) == "sdpa"
     assert resolve_attention("sdpa", compiled=True) == "sdpa" and resolve_attention(None, compiled=True) is None
     assert Pi05Policy.from_pretrained(folder).model.attention == "sdpa"
-    assert Pi05Policy.from_pretrained(folder, compile=True).model.attention == "sdpa"  # CPU: no graph, no compile
+    assert Pi05Policy.from_pretrained(folder, compile=True).model.attention == "sdpa"  # CPU: compiled, no graph
+
+
+@pytest.mark.slow
+def test_compile_without_cuda_graphs_compiles_and_matches(folder: Path) -> None:
+    """``compile`` is honoured off CUDA too (Inductor on the CPU), with the eager chunk; ``trim_prompt``
+    needs the graph it trims for and says so instead of being ignored."""
+    eager = Pi05Policy.from_pretrained(folder)
+    compiled = Pi05Policy.from_pretrained(folder, compile=True)
+    assert hasattr(compiled.model.velocity, "_torchdynamo_orig_callable")  # torch.compile's wrapper
+    obs = [libero_obs(0), libero_obs(1, prompt="open the drawer")]
+    a = np.stack([r["actions"] for r in compiled.infer_batch(obs)])
+    b = np.stack([r["actions"] for r in eager.infer_batch(obs)])
+    np.testing.assert_allclose(a, b, atol=1e-4)
+    with pytest.raises(ValueError, match="trim_prompt=True .* needs cuda_graphs"):
+        Pi05Policy.from_pretrained(folder, trim_prompt=True)
 
 
 def test_example_observation_is_served(policy: Pi05Policy) -> None:

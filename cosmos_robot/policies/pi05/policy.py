@@ -164,11 +164,15 @@ class Pi05Policy(BatchPolicy):
         attention = resolve_attention(attention, compiled=bool(compile) and use_graphs)
         if attention is not None:
             model.set_attention(attention)
+        if trim_prompt and not use_graphs:
+            raise ValueError("trim_prompt=True cuts the prompt's padding before the CUDA graph: it needs cuda_graphs")
         self.graphed = (
             GraphedGenerate(self.model, self.num_steps, compile=compile, trim_prompt=trim_prompt)
             if use_graphs
             else None
         )
+        if compile and not use_graphs:  # eager, compiled: Inductor still fuses the elementwise chains
+            model.compile_steps(mode=compile if isinstance(compile, str) else None)
 
     # --- construction ----------------------------------------------------------------------------
     @property
