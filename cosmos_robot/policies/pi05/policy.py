@@ -199,12 +199,13 @@ class Pi05Policy(BatchPolicy):
         in bfloat16, ``precision="mixed"`` keeps the vision path, the norms and the action projections
         in float32 as LeRobot does (its numerics), ``"bf16"`` casts everything (fastest on a GPU).
         ``cuda_graphs`` (default: on for CUDA devices) replays prefix + flow steps as one graph;
-        ``compile`` adds ``torch.compile`` under it (``true``, or an Inductor mode name such as
-        ``"max-autotune-no-cudagraphs"``). ``trim_prompt`` cuts the prompt's padding before the
-        graph (5-8% faster on an H200, the same outputs), at the price of one more graph, and compile,
-        per prompt-length bucket: for servers with stable prompts (docs/pi05.md). ``attention``:
-        ``"sdpa"``, ``"math"`` (``Pi05Model.set_attention``) or ``"auto"``: math when compiled
-        (Inductor fuses it: 21.0 against 32.4 ms per chunk on an H200), SDPA otherwise."""
+        ``compile`` adds ``torch.compile`` under it, or alone without graphs (``true``, or an
+        Inductor mode name such as ``"max-autotune-no-cudagraphs"``). ``trim_prompt`` (needs the
+        graphs) cuts the prompt's padding before the graph (5-8% faster on an H200, the same
+        outputs), at the price of one more graph, and compile, per prompt-length bucket: for servers
+        with stable prompts (docs/pi05.md). ``attention``: ``"sdpa"``, ``"math"``
+        (``Pi05Model.set_attention``) or ``"auto"``: math when compiled under the graphs (Inductor
+        fuses it: 21.0 against 32.4 ms per chunk on an H200), SDPA otherwise."""
         root = Path(ckpt_dir)
         check_folder(root)
         raw = read_config(root)
