@@ -17,7 +17,7 @@ action head, 4 flow steps, chunk 40) and loaded the way ``serve --ckpt`` loads t
 - ``ours served``: ``Gr00tPolicy.infer_batch``, what our server runs per batch (preprocessor +
   model + postprocessor); ``bf16`` rows also cast the weights to bfloat16 (``-a dtype=bfloat16``);
 - ``ours through the websocket server``: B concurrent openpi-protocol clients on loopback, the
-  server batching their requests (``server_timing.server_latency``).
+  server batching their requests (``timing.server_latency``).
 
     python benchmarks/groot_latency.py --size released --device cuda --batch 1 8 --iters 20
     .venv/bin/python benchmarks/groot_latency.py --size tiny --iters 5          # CPU smoke run
@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_timing import server_latency
+from timing import measure, server_latency
 
 
 def _obs(seed: int, size: int = 224) -> dict[str, Any]:
@@ -51,21 +51,6 @@ def _obs(seed: int, size: int = 224) -> dict[str, Any]:
         "observation/state": rng.uniform(-1, 1, 8).astype(np.float32),
         "prompt": "pick up the black bowl between the plate and the ramekin and place it on the plate",
     }
-
-
-def timed(fn: Any, iters: int, cuda: bool) -> dict[str, float]:
-    fn()
-    fn()  # warm-up (first calls allocate and tune kernels)
-    times = []
-    for _ in range(iters):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return {"p50_ms": round(float(np.percentile(times, 50)), 1), "p99_ms": round(float(np.percentile(times, 99)), 1)}
 
 
 def _stepwise(policy: Any, processed: dict[str, Any]) -> Any:
@@ -131,31 +116,35 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             processed = served.preprocessor(batch)
             rows[f"b{b}"] = {
-                "lerobot predict_action_chunk": timed(
-                    lambda p=processed: served.policy.predict_action_chunk(p), args.iters, cuda
+                "lerobot predict_action_chunk": measure(
+                    lambda p=processed: served.policy.predict_action_chunk(p), args.iters, args.device, warmup=2
                 ),
-                "LeRobot's preprocessor (images on the CPU, its default)": timed(
-                    lambda bt=batch: lerobot_pre(bt), args.iters, cuda
+                "LeRobot's preprocessor (images on the CPU, its default)": measure(
+                    lambda bt=batch: lerobot_pre(bt), args.iters, args.device, warmup=2
                 ),
                 "ours preprocessor (prompts kept), images on the CPU": _with_cpu_images(
-                    served, lambda bt=batch: timed(lambda: served.preprocessor(bt), args.iters, cuda)
+                    served, lambda bt=batch: measure(lambda: served.preprocessor(bt), args.iters, args.device, warmup=2)
                 ),
-                "ours model, LeRobot's backbone eager + graphed flow loop": timed(
-                    lambda p=processed: _stepwise(served, p), args.iters, cuda
+                "ours model, LeRobot's backbone eager + graphed flow loop": measure(
+                    lambda p=processed: _stepwise(served, p), args.iters, args.device, warmup=2
                 ),
-                "ours model, whole chunk graphed": timed(lambda p=processed: served._predict(p), args.iters, cuda),
+                "ours model, whole chunk graphed": measure(
+                    lambda p=processed: served._predict(p), args.iters, args.device, warmup=2
+                ),
             }
             if cuda:
-                rows[f"b{b}"]["ours preprocessor (prompts kept), images on the GPU"] = timed(
-                    lambda bt=batch: served.preprocessor(bt), args.iters, cuda
+                rows[f"b{b}"]["ours preprocessor (prompts kept), images on the GPU"] = measure(
+                    lambda bt=batch: served.preprocessor(bt), args.iters, args.device, warmup=2
                 )
             if fast is not None:
-                rows[f"b{b}"]["ours model, bf16 weights, whole chunk graphed"] = timed(
-                    lambda p=processed: fast._predict(p), args.iters, cuda
+                rows[f"b{b}"]["ours model, bf16 weights, whole chunk graphed"] = measure(
+                    lambda p=processed: fast._predict(p), args.iters, args.device, warmup=2
                 )
-        rows[f"b{b}"]["ours served"] = timed(lambda o=obs: served.infer_batch(o), args.iters, cuda)
+        rows[f"b{b}"]["ours served"] = measure(lambda o=obs: served.infer_batch(o), args.iters, args.device, warmup=2)
         if fast is not None:
-            rows[f"b{b}"]["ours served, bf16 weights"] = timed(lambda o=obs: fast.infer_batch(o), args.iters, cuda)
+            rows[f"b{b}"]["ours served, bf16 weights"] = measure(
+                lambda o=obs: fast.infer_batch(o), args.iters, args.device, warmup=2
+            )
         # b concurrent websocket clients -> our server (warmed like `serve --warmup auto`) -> the policy
         rows[f"b{b}"]["ours through the websocket server" + (", bf16 weights" if fast is not None else "")] = (
             server_latency(fast if fast is not None else served, b, max(5, args.iters), obs)
@@ -165,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     for b in args.batch if fast is not None else ():
         with torch.inference_mode():
             processed = served.preprocessor(served.io.batch([_obs(i) for i in range(b)]))
-            rows[f"b{b}"]["ours model, bf16 weights, LeRobot's backbone eager + graphed loop"] = timed(
-                lambda p=processed: _stepwise(fast, p), args.iters, cuda
+            rows[f"b{b}"]["ours model, bf16 weights, LeRobot's backbone eager + graphed loop"] = measure(
+                lambda p=processed: _stepwise(fast, p), args.iters, args.device, warmup=2
             )
     report = {
         "size": args.size,

@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,25 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 import parity_pi05 as parity
 import torch
-from server_timing import server_latency
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def measure(fn: Callable[[], object], iters: int, device: str, warmup: int = 3) -> dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2)}
+from timing import measure, server_latency
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,8 @@
-"""Chunk latency through our websocket server, as a robot sees it: shared by the latency benchmarks.
+"""Timing helpers shared by the latency benchmarks (pi05, GR00T).
 
-``server_latency`` starts a ``PolicyServer`` on loopback around an already-loaded policy, warms it the
+``measure`` times a call CUDA-synchronised after warm-up calls (first calls compile, capture and
+tune kernels). ``server_latency`` measures the chunk latency through our websocket server, as a
+robot sees it: it starts a ``PolicyServer`` on loopback around an already-loaded policy, warms it the
 way ``serve --warmup auto`` does on a GPU (every power-of-two batch bucket up to ``batch``, so that
 compilation and graph captures happen before the clock starts, not in the measured requests), then
 times ``batch`` concurrent websocket clients, each sending ``iters`` requests; the server batches
@@ -11,9 +13,38 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def p50_p99(times_ms: list[float]) -> dict[str, float]:
+    return {
+        "p50_ms": round(float(np.percentile(times_ms, 50)), 2),
+        "p99_ms": round(float(np.percentile(times_ms, 99)), 2),
+    }
+
+
+def measure(fn: Callable[[], object], iters: int, device: str, warmup: int = 3) -> dict[str, float]:
+    """p50/p99 in ms of ``iters`` calls of ``fn`` after ``warmup`` calls, synchronised on CUDA."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return p50_p99(times)
 
 
 def server_latency(
@@ -50,4 +81,4 @@ def server_latency(
             c.close()
     finally:
         server.stop()
-    return {"p50_ms": round(float(np.percentile(times, 50)), 2), "p99_ms": round(float(np.percentile(times, 99)), 2)}
+    return p50_p99(times)
