@@ -126,6 +126,33 @@ def test_padded_batches_give_lerobots_chunks(policy: Gr00tPolicy) -> None:
     assert policy._noise_dtype is not None  # set by the fast path only
 
 
+def test_bf16_weights_stay_close_to_float32_for_the_same_noise(
+    groot_folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dtype=bfloat16`` (the fast GPU setting) changes rounding, not the chunk: from the same noise
+    its actions are within a few thousandths of float32's (1.5e-3 mean here, actions of scale ~0.8).
+    The noise is drawn in the features' dtype as LeRobot draws it, so without this patch a bf16
+    policy's chunk for a seed is another sample than a float32 policy's."""
+    import torch
+
+    fixed = torch.randn(4, 16, 16, generator=torch.Generator().manual_seed(1))
+
+    def same_noise(self: Gr00tPolicy, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        head = self.policy._groot_model.action_head
+        assert (head.config.action_horizon, head.action_dim) == tuple(fixed.shape[1:])
+        return fixed[:batch].to(dtype=dtype, device=device)
+
+    monkeypatch.setattr(Gr00tPolicy, "_noise", same_noise)
+    obs = [libero_obs(i) for i in range(4)]
+    f32 = np.stack([a["actions"] for a in Gr00tPolicy.from_pretrained(groot_folder).infer_batch(obs)])
+    bf16 = np.stack(
+        [a["actions"] for a in Gr00tPolicy.from_pretrained(groot_folder, dtype="bfloat16").infer_batch(obs)]
+    )
+    diff = np.abs(bf16 - f32)
+    assert diff.mean() < 5e-3 and diff.max() < 3e-2, (diff.mean(), diff.max())
+    assert diff.max() > 0  # bf16 did run
+
+
 def test_a_failed_capture_falls_back_to_the_stepwise_path(
     groot_folder: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
