@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -178,3 +180,47 @@ def test_serve_cosmos3_droid_ckpt_answers_real_openpi_droid_client(tmp_path: Pat
     got = serve_and_ask(folder, OPENPI_DROID_CLIENT)
     assert got == {"shape": [32, 8], "dtype": "float32", "type": "cosmos3", "space": "joint_position",
                        "finite": True}  # fmt: skip
+
+
+@pytest.mark.gpu
+def test_serve_compiled_bf16_pi05_on_cuda_warms_then_answers(pi05_ckpt: Path) -> None:
+    """The fast GPU setting end to end: `serve --ckpt` compiles and captures every batch bucket
+    (`--warmup auto`) before it prints ready, then answers our websocket client."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
+    from tests.policies._pi05_helpers import libero_obs
+
+    args = [
+        "--device",
+        "cuda",
+        "--max-batch",
+        "2",
+        "-a",
+        "compile=true",
+        "-a",
+        "dtype=bfloat16",
+        "-a",
+        "precision=bf16",
+    ]
+    proc = subprocess.Popen(
+        [*CLI, "serve", "--ckpt", str(pi05_ckpt), "--port", "0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ | {"PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        before_ready: list[str] = []
+        while not (line := proc.stdout.readline()).startswith("ready:"):
+            assert line or proc.poll() is None, "serve exited early:\n" + "".join(before_ready)
+            before_ready.append(line)
+        ports = {name: int(port) for name, port in re.findall(r"(\w+) \w+://[\d.]+:(\d+)", line)}
+        warm = [x for x in before_ready if "warm-up:" in x]
+        assert warm and "batch 1 in" in warm[0] and "batch 2 in" in warm[0], "".join(before_ready)
+        client = WebsocketClientPolicy("127.0.0.1", ports["ws"])
+        actions = client.infer(libero_obs(0))["actions"]
+        client.close()
+        assert actions.shape == (5, 7) and actions.dtype == np.float32 and np.isfinite(actions).all()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
