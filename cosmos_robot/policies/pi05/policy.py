@@ -43,7 +43,13 @@ from cosmos_robot.policies.pi05.checkpoint import (
     save_weights,
     write_architecture,
 )
-from cosmos_robot.policies.pi05.modeling import GraphedGenerate, Pi05Architecture, Pi05Model, PrefixCache
+from cosmos_robot.policies.pi05.modeling import (
+    ATTENTION_IMPLS,
+    GraphedGenerate,
+    Pi05Architecture,
+    Pi05Model,
+    PrefixCache,
+)
 from cosmos_robot.policies.registry import CheckpointError, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import InputSpec
@@ -129,6 +135,8 @@ def resolve_attention(name: str | None, compiled: bool) -> str | None:
     the fused SDPA kernel otherwise; any other name is passed through (``None``: leave the model's)."""
     if name == "auto":
         return "math" if compiled else "sdpa"
+    if name is not None and name not in ATTENTION_IMPLS:
+        raise ValueError(f"attention {name!r} is not one of {['auto', *ATTENTION_IMPLS]}")
     return name
 
 
