@@ -17,7 +17,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export COSMOS_ROBOT_REQUIRE_OPENPI := 1
 export COSMOS_ROBOT_REQUIRE_LIBERO := 1
 PIP_QUIET := -q
-PROJECT_FILES := pyproject.toml clients/pyproject.toml policy_server/pyproject.toml envs/pyproject.toml trainers/pyproject.toml
+PROJECT_FILES := pyproject.toml clients/pyproject.toml policy_server/pyproject.toml envs/pyproject.toml trainers/pyproject.toml exporters/pyproject.toml
 
 .PHONY: help setup libero test test-fast test-py310 lint format typecheck demo bench clean system-deps
 
@@ -35,7 +35,7 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@echo "setup: $(VENV) with $(PY312)"
 	@test -x $(PY) || $(PY312) -m venv $(VENV)
 	@$(PY) -m pip install $(PIP_QUIET) --upgrade pip
-	@$(PY) -m pip install $(PIP_QUIET) -e clients -e "policy_server[alpasim]" -e "envs[ray,pusht]" -e ".[dev]" -e trainers
+	@$(PY) -m pip install $(PIP_QUIET) -e clients -e "policy_server[alpasim]" -e "envs[ray,pusht]" -e ".[dev]" -e trainers -e exporters
 	@touch $@
 
 # The real openpi-client / openpi-server from PyPI pin numpy<2, so they get a venv of their own.

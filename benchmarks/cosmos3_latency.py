@@ -22,8 +22,9 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -75,85 +76,38 @@ def build_nano_pipeline(device: str, dtype: torch.dtype):
     )  # fmt: skip
 
 
+@dataclass
+class Case:
+    """What every row runs: one DROID composite image, prompt and state through ``pipe`` / our sampler."""
+
+    pipe: Any
+    sampler: Any  # Cosmos3Sampler over the same pipeline
+    image: np.ndarray
+    prompt: str
+    state: np.ndarray
+    settings: Any  # DROID's sampler settings at --tier
+    tier: int
+    iters: int
+    device: str
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--folder", type=Path, default=None, help="a Cosmos3 pipeline folder (default: random weights)")
-    ap.add_argument(
-        "--size", choices=["tiny", "nano"], default="tiny",
-        help="random weights: tiny (0.3 M) or Cosmos3-Nano's size (transformer 4096 x 36 layers, Wan2.2 VAE)",
-    )  # fmt: skip
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    ap.add_argument("--tier", type=int, default=480)
-    ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--compile", action="store_true", help="also time our loop with torch.compile'd transformer blocks")
-    ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
-
-    from diffusers import Cosmos3OmniPipeline, CosmosActionCondition
-
-    from cosmos_robot.policies.compiling import transformer_blocks
-    from cosmos_robot.policies.cosmos3.conventions import DROID, droid_composite
-    from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
-    from cosmos_robot.policies.cosmos3.tiny import build_tiny_pipeline
-
-    torch_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
-    if args.folder is None and args.size == "nano":
-        pipe = build_nano_pipeline(args.device, torch_dtype)
-    elif args.folder is None:
-        pipe = build_tiny_pipeline(seed=0)
-    else:
-        pipe = Cosmos3OmniPipeline.from_pretrained(
-            str(args.folder), enable_safety_checker=False, torch_dtype=torch_dtype
-        )
-    pipe.to(args.device)
-    pipe.set_progress_bar_config(disable=True)
-    rng = np.random.default_rng(0)
-    cams = [rng.integers(0, 256, (360, 640, 3), dtype=np.uint8) for _ in range(3)]
-    image = droid_composite(*cams)  # 540 x 640, as cosmos-framework's DROID server composes it
-    prompt = "put the marker in the cup"
-    s = replace(DROID.settings, resolution_tier=args.tier)
-    stateless = replace(s, raw_dim=10, view_description=None, reimpose_clean=False)
-    sampler = Cosmos3Sampler(pipe)
-    state = rng.normal(size=8).astype(np.float32)
-
-    def stock():
-        return pipe(
-            prompt=prompt,
-            action=CosmosActionCondition(
-                mode="policy",
-                chunk_size=s.chunk,
-                domain_name="droid_lerobot",
-                resolution_tier=args.tier,
-                image=image,
-                view_point="concat_view",
-            ),  # fmt: skip
-            fps=s.fps,
-            num_inference_steps=s.num_steps,
-            guidance_scale=s.guidance,
-            generator=torch.Generator().manual_seed(5),
-            output_type="latent",
-        ).action[0]
-
-    rows: dict[str, object] = {}
-    rows["stock"], ref = timed(stock, args.iters, args.device)
-    rows["ours_stateless"], (ours, info) = timed(
-        lambda: sampler.sample(image, prompt, stateless, None, seed=5), args.iters, args.device
-    )
-    rows["ours_droid"], (_, info_d) = timed(lambda: sampler.sample(image, prompt, s, state, 5), args.iters, args.device)
-    interval = replace(s, guidance_interval=(960.0, 1001.0))
-    rows["ours_droid_interval"], (_, info_i) = timed(
-        lambda: sampler.sample(image, prompt, interval, state, 5), args.iters, args.device
-    )
+    args = parse_args(argv)
+    pipe = load_pipeline(args)
+    case = make_case(pipe, args)
+    rows: dict[str, dict[str, float]] = {}
+    rows["stock"], ref = time_stock(case)
+    rows["ours_stateless"], (ours, info) = time_ours_stateless(case)
+    rows["ours_droid"], (_, info_d) = time_ours_droid(case)
+    rows["ours_droid_interval"], (_, info_i) = time_ours_droid_interval(case)
     if args.compile:  # after the uncompiled rows: the stock pipeline shares the transformer
+        from cosmos_robot.policies.compiling import transformer_blocks
+
         for block in transformer_blocks(pipe.transformer):
             block.compile()
-        rows["ours_droid_compiled"], _ = timed(
-            lambda: sampler.sample(image, prompt, s, state, 5), args.iters, args.device
-        )
-        rows["ours_droid_interval_compiled"], _ = timed(
-            lambda: sampler.sample(image, prompt, interval, state, 5), args.iters, args.device
-        )
+        rows["ours_droid_compiled"], _ = time_ours_droid(case)
+        rows["ours_droid_interval_compiled"], _ = time_ours_droid_interval(case)
+    s = case.settings
     report = {
         "model": str(
             args.folder or f"{args.size} random ({_params(pipe.transformer) / 1e9:.3f} B transformer parameters)"
@@ -168,20 +122,111 @@ def main(argv: list[str] | None = None) -> int:
         "guidance": s.guidance,
         "seq_len": {"stateless": info["seq_len"], "droid": info_d["seq_len"]},
         "transformer_calls": {"droid": info_d["transformer_calls"], "droid_interval": info_i["transformer_calls"]},
-        "stateless_equals_stock": bool(np.array_equal(ours, ref.float().cpu().numpy())),  # type: ignore[attr-defined]
+        "stateless_equals_stock": bool(np.array_equal(ours, ref.float().cpu().numpy())),
         "latency": rows,
     }
-    stock_ms = rows["stock"]["p50_ms"]  # type: ignore[index]
-    report["speedup_vs_stock"] = {
-        k: round(stock_ms / v["p50_ms"], 2)
-        for k, v in rows.items()
-        if k != "stock"  # type: ignore[index]
-    }
+    stock_ms = rows["stock"]["p50_ms"]
+    report["speedup_vs_stock"] = {k: round(stock_ms / v["p50_ms"], 2) for k, v in rows.items() if k != "stock"}
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
         args.out.write_text(text)
     return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--folder", type=Path, default=None, help="a Cosmos3 pipeline folder (default: random weights)")
+    ap.add_argument(
+        "--size", choices=["tiny", "nano"], default="tiny",
+        help="random weights: tiny (0.3 M) or Cosmos3-Nano's size (transformer 4096 x 36 layers, Wan2.2 VAE)",
+    )  # fmt: skip
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--tier", type=int, default=480)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--compile", action="store_true", help="also time our loop with torch.compile'd transformer blocks")
+    ap.add_argument("--out", type=Path, default=None)
+    return ap.parse_args(argv)
+
+
+def load_pipeline(args: argparse.Namespace) -> Any:
+    """The folder's pipeline, or random weights at the tiny or Nano size; on ``--device``, no progress bar."""
+    from diffusers import Cosmos3OmniPipeline
+
+    from cosmos_robot.policies.cosmos3.tiny import build_tiny_pipeline
+
+    torch_dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    if args.folder is None and args.size == "nano":
+        pipe = build_nano_pipeline(args.device, torch_dtype)
+    elif args.folder is None:
+        pipe = build_tiny_pipeline(seed=0)
+    else:
+        pipe = Cosmos3OmniPipeline.from_pretrained(
+            str(args.folder), enable_safety_checker=False, torch_dtype=torch_dtype
+        )
+    pipe.to(args.device)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def make_case(pipe: Any, args: argparse.Namespace) -> Case:
+    from cosmos_robot.policies.cosmos3.conventions import DROID, droid_composite
+    from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
+
+    rng = np.random.default_rng(0)
+    cams = [rng.integers(0, 256, (360, 640, 3), dtype=np.uint8) for _ in range(3)]
+    image = droid_composite(*cams)  # 540 x 640, as cosmos-framework's DROID server composes it
+    settings = replace(DROID.settings, resolution_tier=args.tier)
+    sampler = Cosmos3Sampler(pipe)
+    state = rng.normal(size=8).astype(np.float32)
+    prompt = "put the marker in the cup"
+    return Case(pipe, sampler, image, prompt, state, settings, args.tier, args.iters, args.device)
+
+
+def time_stock(case: Case) -> tuple[dict[str, float], Any]:
+    """``stock``: diffusers' pipeline in policy mode (encodes every frame of the conditioning video)."""
+    from diffusers import CosmosActionCondition
+
+    s = case.settings
+
+    def stock() -> Any:
+        return case.pipe(
+            prompt=case.prompt,
+            action=CosmosActionCondition(
+                mode="policy",
+                chunk_size=s.chunk,
+                domain_name="droid_lerobot",
+                resolution_tier=case.tier,
+                image=case.image,
+                view_point="concat_view",
+            ),  # fmt: skip
+            fps=s.fps,
+            num_inference_steps=s.num_steps,
+            guidance_scale=s.guidance,
+            generator=torch.Generator().manual_seed(5),
+            output_type="latent",
+        ).action[0]
+
+    return timed(stock, case.iters, case.device)
+
+
+def time_ours_stateless(case: Case) -> tuple[dict[str, float], Any]:
+    """``ours_stateless``: our sampler on the stock pipeline's sequence plan (no state row)."""
+    stateless = replace(case.settings, raw_dim=10, view_description=None, reimpose_clean=False)
+    return timed(lambda: case.sampler.sample(case.image, case.prompt, stateless, None, seed=5), case.iters, case.device)
+
+
+def time_ours_droid(case: Case) -> tuple[dict[str, float], Any]:
+    """``ours_droid``: cosmos-framework's DROID plan (state row, composite view description)."""
+    s = case.settings
+    return timed(lambda: case.sampler.sample(case.image, case.prompt, s, case.state, 5), case.iters, case.device)
+
+
+def time_ours_droid_interval(case: Case) -> tuple[dict[str, float], Any]:
+    """``ours_droid_interval``: the DROID plan with the Edge guidance interval (960, 1001)."""
+    interval = replace(case.settings, guidance_interval=(960.0, 1001.0))
+    return timed(lambda: case.sampler.sample(case.image, case.prompt, interval, case.state, 5), case.iters, case.device)
 
 
 if __name__ == "__main__":

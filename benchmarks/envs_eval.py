@@ -92,6 +92,7 @@ def bench(kind: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
                 replan_steps=args.replan_steps,
                 batch_requests=batched,
                 align_starts=aligned,
+                video_episodes=0,  # measure the loop, not the MP4 encoder
             )
             with tempfile.TemporaryDirectory() as out:
                 results = run_eval(config, policy, out, policy_kind="websocket")

@@ -7,7 +7,7 @@ Side by side in one run, on libero_spatial task 0 (two cameras, zero actions, no
 - ``ours, N envs``: ``Libero/Libero-v0`` workers under the LIBERO interpreter through
   ``make_vector_env(mode="async")``, stepped in lockstep: env-steps/s = N x steps / wall time;
 - ``eval``: ``run_eval`` of a constant policy on libero_spatial with N envs and the suite's full
-  horizon (220 steps; a constant policy never succeeds, so every episode runs to the end),
+  episode length (max_steps 220; a constant policy never succeeds, so every episode runs to the end),
   episodes per minute including resets.
 
 On a CPU, rendering is Mesa llvmpipe (software GL, both cores); on the GPU machine MuJoCo renders
@@ -102,6 +102,7 @@ def eval_rate(size: int, n: int, per_task: int) -> dict[str, float]:
         num_envs=n,
         image_size=size,
         vector_mode="async",
+        video_episodes=0,  # measure the loop, not the MP4 encoder
     )
     with tempfile.TemporaryDirectory() as out:
         results = run_eval(config, constant(action_horizon=10, action_dim=7), out, policy_kind="in_process")

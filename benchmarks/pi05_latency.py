@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,8 +36,44 @@ import parity_pi05 as parity
 import torch
 from timing import measure, server_latency
 
+from cosmos_robot.policies.pi05.modeling import GemmaSpec, Pi05Architecture, Pi05Model, VisionSpec
+from cosmos_robot.policies.pi05.policy import Pi05Policy
+
 
 def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    ref, cfg, stats, tokenizer = build_reference(args)
+    report: dict[str, object] = {
+        "size": args.size,
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "dtype": args.dtype,
+        "torch": torch.__version__,
+        "flow_steps": args.steps,
+        "chunk": cfg.chunk_size,
+        "build_s": round(time.perf_counter() - t0, 1),
+    }
+    cfg.num_inference_steps = args.steps
+    native = build_native(args, ref, cfg)
+    eager, graphed = build_policies(args, native, cfg, stats, tokenizer)
+    report["compile"] = (args.compile_mode or "default") if args.compile else False
+    report["trim_prompt"] = args.trim_prompt
+    report["attention"] = args.attention
+    report["precision"] = args.precision
+    report["params_million"] = round(sum(p.numel() for p in native.parameters()) / 1e6, 1)
+
+    results: dict[str, dict[str, object]] = {}
+    for b in args.batches:
+        run_batch(b, args, ref, cfg, native, eager, graphed, results)
+    report["results"] = results
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=["tiny", "full"], default="full")
     ap.add_argument("--device", default="cuda")
@@ -58,31 +95,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention", choices=["sdpa", "math"], default="sdpa", help="Pi05Model.set_attention")
     ap.add_argument("--trim-prompt", action="store_true", help="cut the prompt's padding before the graph")
     ap.add_argument("--out", type=Path, default=None)
-    args = ap.parse_args(argv)
-    dev = args.device
+    return ap.parse_args(argv)
 
-    from cosmos_robot.policies.pi05.modeling import GemmaSpec, Pi05Architecture, Pi05Model, VisionSpec
-    from cosmos_robot.policies.pi05.policy import Pi05Policy
 
-    t0 = time.perf_counter()
+def build_reference(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
+    """``(LeRobot's PI05Policy or None with --skip-lerobot, its config, normalisation stats, tokenizer)``."""
     if args.skip_lerobot:
         from cosmos_robot.policies.pi05.tokenizer import make_byte_tokenizer
 
-        ref, cfg = None, parity.make_config(args.size, dev, args.dtype)
-        stats, tokenizer = parity.make_stats(0), make_byte_tokenizer()
-    else:
-        ref, cfg, stats, tokenizer = parity.make_reference(args.size, dev, args.dtype, seed=0)
-        ref.eval()
-    report: dict[str, object] = {
-        "size": args.size,
-        "device": torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu",
-        "dtype": args.dtype,
-        "torch": torch.__version__,
-        "flow_steps": args.steps,
-        "chunk": cfg.chunk_size,
-        "build_s": round(time.perf_counter() - t0, 1),
-    }
-    cfg.num_inference_steps = args.steps
+        return None, parity.make_config(args.size, args.device, args.dtype), parity.make_stats(0), make_byte_tokenizer()
+    ref, cfg, stats, tokenizer = parity.make_reference(args.size, args.device, args.dtype, seed=0)
+    ref.eval()
+    return ref, cfg, stats, tokenizer
+
+
+def build_native(args: argparse.Namespace, ref: Any, cfg: Any) -> Any:
+    """Our ``Pi05Model`` of the same architecture: LeRobot's weights, or random ones with --skip-lerobot."""
+    dev = args.device
     if args.size == "tiny":
         arch = Pi05Architecture(
             vlm=GemmaSpec(**parity.TINY),
@@ -115,35 +144,25 @@ def main(argv: list[str] | None = None) -> int:
         native.load_state_dict(state, strict=True, assign=True)
         del state
     native.set_attention(args.attention)
-    eager = Pi05Policy.from_model(native, cfg, stats, tokenizer, cuda_graphs=False)
-    graphed = eager
-    if dev.startswith("cuda"):
-        pre, post = eager.preprocessor, eager.postprocessor
-        graphed = Pi05Policy(
-            native,
-            cfg,
-            pre,
-            post,
-            tokenizer,
-            cuda_graphs=True,
-            compile=(args.compile_mode or True) if args.compile else False,
-            trim_prompt=args.trim_prompt,
-        )
-    report["compile"] = (args.compile_mode or "default") if args.compile else False
-    report["trim_prompt"] = args.trim_prompt
-    report["attention"] = args.attention
-    report["precision"] = args.precision
-    report["params_million"] = round(sum(p.numel() for p in native.parameters()) / 1e6, 1)
+    return native
 
-    results: dict[str, dict[str, object]] = {}
-    for b in args.batches:
-        run_batch(b, args, ref, cfg, native, eager, graphed, results)
-    report["results"] = results
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+
+def build_policies(args: argparse.Namespace, native: Any, cfg: Any, stats: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """``(eager policy, CUDA-graphed policy)`` around ``native``; the graphed one is the eager one on a CPU."""
+    eager = Pi05Policy.from_model(native, cfg, stats, tokenizer, cuda_graphs=False)
+    if not args.device.startswith("cuda"):
+        return eager, eager
+    graphed = Pi05Policy(
+        native,
+        cfg,
+        eager.preprocessor,
+        eager.postprocessor,
+        tokenizer,
+        cuda_graphs=True,
+        compile=(args.compile_mode or True) if args.compile else False,
+        trim_prompt=args.trim_prompt,
+    )
+    return eager, graphed
 
 
 def profile(native: object, inputs: object, noise: torch.Tensor, steps: int, dev: str) -> dict[str, object]:

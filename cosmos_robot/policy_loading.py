@@ -1,7 +1,7 @@
 """Build a policy from a ``module:factory`` reference, with errors that say what to fix.
 
-``cosmos-robot serve --policy my_pkg.policies:make_policy --policy-arg horizon=10`` imports
-``my_pkg.policies``, calls ``make_policy(horizon=10)`` and checks that the result implements the
+``cosmos-robot serve --policy my_pkg.policies:make_policy --policy-arg chunk_size=10`` imports
+``my_pkg.policies``, calls ``make_policy(chunk_size=10)`` and checks that the result implements the
 ``BasePolicy`` interface, so a typo fails at start-up with a "did you mean", not at the first request.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from cosmos_robot_client.base_policy import BasePolicy
 
-__all__ = ["PolicyLoadError", "load_policy", "parse_policy_args"]
+__all__ = ["PolicyLoadError", "load_policy_factory", "parse_policy_args"]
 
 
 class PolicyLoadError(ValueError):
@@ -24,7 +24,7 @@ class PolicyLoadError(ValueError):
 
 
 def parse_policy_args(items: Sequence[str]) -> dict[str, Any]:
-    """``["horizon=10", "name=abc", "flag=true"]`` -> ``{"horizon": 10, "name": "abc", "flag": True}``."""
+    """``["chunk_size=10", "name=abc", "flag=true"]`` -> ``{"chunk_size": 10, "name": "abc", "flag": True}``."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
@@ -42,7 +42,7 @@ def parse_policy_args(items: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def load_policy(ref: str, kwargs: dict[str, Any] | None = None) -> BasePolicy:
+def load_policy_factory(ref: str, kwargs: dict[str, Any] | None = None) -> BasePolicy:
     """Import ``module:factory`` and call it with ``kwargs``; the result must be a policy."""
     module_name, sep, attr = ref.partition(":")
     if not sep or not module_name or not attr:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -35,9 +36,30 @@ def _field_names(model: type[BaseModel] | None, path: tuple[Any, ...]) -> list[s
     return []
 
 
-def format_validation_error(exc: ValidationError, model: type[BaseModel] | None = None, source: str = "") -> str:
-    """Turn pydantic's error into lines like ``train.lr: Input should be a valid number (got 'abc')``."""
+def _blame(loc: tuple[Any, ...], overrides: Sequence[str]) -> str | None:
+    """The ``--set`` argument(s) behind an error at ``loc``: those that set ``loc`` or a field inside it
+    (a table's validator reports at the table) or a table holding it; None when the error is the file's."""
+    if not loc:
+        return None
+    path = tuple(str(p) for p in loc)
+    hits = []
+    for item in overrides:
+        key = tuple(item.partition("=")[0].strip().split("."))
+        n = min(len(key), len(path))
+        if key[:n] == path[:n]:
+            hits.append(item)
+    return ", ".join(f"--set {item}" for item in hits) or None
+
+
+def format_validation_error(
+    exc: ValidationError, model: type[BaseModel] | None = None, source: str = "", overrides: Sequence[str] = ()
+) -> str:
+    """Turn pydantic's error into lines like ``train.lr: Input should be a valid number (got 'abc')``.
+
+    With ``overrides`` (the ``--set KEY=VALUE`` arguments applied to ``source``), a line caused by one
+    says so first (``--set train.lr=abc: train.lr: ...``): the user typed that, not the file."""
     lines = []
+    blamed = False
     for err in exc.errors():
         loc = tuple(err.get("loc", ()))
         dotted = ".".join(str(p) for p in loc) or "<root>"
@@ -46,10 +68,15 @@ def format_validation_error(exc: ValidationError, model: type[BaseModel] | None 
             hint = difflib.get_close_matches(str(loc[-1]), names, n=1) if names else []
             extra = f"; did you mean {'.'.join([*map(str, loc[:-1]), hint[0]])!r}?" if hint else ""
             known = f" (known: {', '.join(sorted(names))})" if names and not hint else ""
-            lines.append(f"{dotted}: unknown field{extra}{known}")
+            line = f"{dotted}: unknown field{extra}{known}"
         else:
             got = err.get("input")
             shown = repr(got) if not isinstance(got, dict) else "a table"
-            lines.append(f"{dotted}: {err.get('msg')} (got {shown})")
+            line = f"{dotted}: {err.get('msg')} (got {shown})"
+        culprit = _blame(loc, overrides)
+        blamed = blamed or culprit is not None
+        lines.append(f"{culprit or source}: {line}" if overrides and (culprit or source) else line)
+    if blamed:
+        return "invalid config:\n  " + "\n  ".join(lines)
     prefix = f"{source}: " if source else ""
-    return prefix + "invalid config:\n  " + "\n  ".join(lines)
+    return prefix + "invalid config:\n  " + "\n  ".join(line.removeprefix(prefix) for line in lines)

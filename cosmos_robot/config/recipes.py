@@ -3,7 +3,8 @@
 ``load_recipe("debug", ["train.steps=4"], Model)`` finds ``recipes/debug.toml``, applies the
 overrides (values parsed as TOML literals, so ``lr=3e-4``, ``tasks=["reach","push"]`` and
 ``name="x"`` all work; a bare word stays a string), and validates against ``Model``. A wrong
-recipe name gets the list of recipes and a "did you mean"; a wrong key names the dotted path.
+recipe name gets the list of recipes and a "did you mean"; a wrong key names the dotted path, and
+an error caused by an override names that ``--set`` argument rather than the recipe file.
 """
 
 from __future__ import annotations
@@ -79,4 +80,4 @@ def load_recipe(name_or_path: str | Path, overrides: list[str] | None, model: ty
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, model, source=str(path))) from exc
+        raise ConfigError(format_validation_error(exc, model, source=str(path), overrides=overrides or [])) from exc

@@ -12,7 +12,7 @@ Images are resized with PIL bilinear, the same resampling as the ``ResizeImages`
 serving applies, so a policy sees the same pixels in training and at inference.
 
 Action chunks follow LeRobot's ``delta_timestamps`` semantics: frame ``t`` gets actions
-``t .. t+H-1`` of its own episode; past the episode's last frame the last action is repeated and
+``t .. t+chunk_size-1`` of its own episode; past the episode's last frame the last action is repeated and
 ``action_is_pad`` is True there (a loss should mask those steps).
 """
 
@@ -45,8 +45,8 @@ class DemoData:
 
     images: torch.Tensor  # (N, n_cameras, 3, S, S) uint8
     state: torch.Tensor  # (N, state_dim) float32
-    actions: torch.Tensor  # (N, H, action_dim) float32: actions t .. t+H-1 of the frame's episode
-    action_is_pad: torch.Tensor  # (N, H) bool: True where t+k is past the episode's end
+    actions: torch.Tensor  # (N, chunk_size, action_dim) float32: actions t .. t+chunk_size-1 of the frame's episode
+    action_is_pad: torch.Tensor  # (N, chunk_size) bool: True where t+k is past the episode's end
     episode_index: torch.Tensor  # (N,) int64: LeRobot's episode_index
     frame_index: torch.Tensor  # (N,) int64: position within the episode
     prompts: list[str]  # (N,) the instruction (LeRobot's per-frame ``task``)
@@ -60,7 +60,7 @@ class DemoData:
         return int(self.state.shape[0])
 
     @property
-    def action_horizon(self) -> int:
+    def chunk_size(self) -> int:
         return int(self.actions.shape[1])
 
     @property
@@ -72,18 +72,19 @@ class DemoData:
         return int(torch.unique(self.episode_index).numel())
 
 
-def action_chunks(actions: np.ndarray, episode_index: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(N, H, D)`` chunks and ``(N, H)`` pad mask from per-frame ``actions`` grouped in contiguous episodes."""
-    if horizon < 1:
-        raise ValueError(f"action_horizon: expected >= 1, got {horizon}")
+def action_chunks(actions: np.ndarray, episode_index: np.ndarray, chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, chunk_size, D)`` chunks and ``(N, chunk_size)`` pad mask from per-frame ``actions`` grouped in
+    contiguous episodes."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
     n = len(actions)
     if n == 0:
-        return np.zeros((0, horizon, actions.shape[-1]), actions.dtype), np.zeros((0, horizon), bool)
+        return np.zeros((0, chunk_size, actions.shape[-1]), actions.dtype), np.zeros((0, chunk_size), bool)
     boundaries = np.flatnonzero(np.diff(episode_index)) + 1
     ends = np.append(boundaries, n)  # exclusive end of each contiguous episode run
     run_of_frame = np.repeat(np.arange(len(ends)), np.diff(np.concatenate([[0], ends])))
     end = ends[run_of_frame]
-    idx = np.arange(n)[:, None] + np.arange(horizon)[None, :]
+    idx = np.arange(n)[:, None] + np.arange(chunk_size)[None, :]
     pad = idx >= end[:, None]
     idx = np.minimum(idx, end[:, None] - 1)
     return actions[idx], pad
@@ -156,7 +157,7 @@ def _repo_id(root: Path) -> str:
 def load_demonstrations(
     root: str | Path,
     *,
-    action_horizon: int,
+    chunk_size: int,
     image_size: int,
     cameras: Sequence[str] = CAMERAS,
     max_episodes: int | None = None,
@@ -200,7 +201,7 @@ def load_demonstrations(
         table = table.take(order)
     episode_index = _column(table, "episode_index").astype(np.int64)
     actions = _column(table, ACTION).astype(np.float32)
-    chunks, pad = action_chunks(actions, episode_index, action_horizon)
+    chunks, pad = action_chunks(actions, episode_index, chunk_size)
     task_of_index = {int(i): str(t) for t, i in zip(dataset.meta.tasks.index, dataset.meta.tasks["task_index"])}
     prompts = [task_of_index[int(i)] for i in _column(table, "task_index")]
 

@@ -61,7 +61,7 @@ class RecordConfig:
     only_success: bool = True  # keep only episodes the expert solved
     vector_mode: str = "async"  # "sync" (in-process) or "async" (one worker process per env)
     use_videos: bool = False  # store cameras as MP4 (LeRobot's encoder) instead of PNG frames
-    max_steps: int | None = None  # override every task's horizon (control steps)
+    max_steps: int | None = None  # override every task's episode length (control steps)
     repo_id: str = "local/cosmos_robot_tabletop"  # LeRobot's dataset id (only a name when stored locally)
     image_writer_threads: int = 4  # LeRobot's threaded PNG writer (0: write in the calling thread)
 

@@ -1,7 +1,9 @@
 """Scripted-expert rollouts on N parallel envs, handed back one finished episode at a time, in schedule order.
 
 Why a separate module: stepping envs in lockstep and writing a dataset are two jobs with different
-failure modes (a crashed simulator worker vs. a full disk). This module only produces episodes.
+failure modes (a crashed simulator worker vs. a full disk). This module only produces episodes; the
+loop itself (slots, partial resets, failed workers) is the shared episode scheduler
+(``cosmos_robot_envs.episodes``), on which the expert decides a chunk of one action every step.
 
 Why schedule order: the N envs finish episodes in an order that depends on N (a 12-step reach
 episode overtakes a 50-step pick-and-place). Finished episodes wait in memory until every episode
@@ -9,20 +11,20 @@ scheduled before them is done, so the dataset lists episodes in the same order, 
 contents, whatever ``num_envs`` or vector mode recorded it. The wait is short: at most a few episodes
 per env (a few MB at 128 px).
 
-Episode ends: the env terminates on success (and truncates at the task's horizon); the recording stops
+Episode ends: the env terminates on success (and truncates at the task's ``max_steps``); the recording stops
 there, with no extra "hold" frames. Frame ``t`` is (observation before step ``t``, action at ``t``).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from cosmos_robot_envs.episodes import EpisodeHooks, EpisodeOutcome, EpisodeScheduler, LiveEpisode, obs_row
 from cosmos_robot_envs.tabletop.experts import ScriptedExpert, scripted_expert
 from cosmos_robot_envs.vector import BatchedEnv
 
@@ -79,10 +81,40 @@ class Episode:
                 seq.pop()
 
 
-@dataclass
-class _Slot:
-    episode: Episode
-    expert: ScriptedExpert
+class _ExpertHooks(EpisodeHooks[EpisodeSpec]):
+    """The scripted expert decides one action per step; every (observation, action) pair is a frame."""
+
+    def __init__(self, cameras: Sequence[str]) -> None:
+        self.cameras = list(cameras)
+        self.running: dict[int, tuple[Episode, ScriptedExpert]] = {}  # by schedule position
+        self.done: dict[int, Episode] = {}  # finished, by schedule position, until handed out
+
+    def started(self, ep: LiveEpisode[EpisodeSpec], obs: dict[str, Any], info: dict[str, Any]) -> None:
+        expert = scripted_expert(ep.spec.task)
+        expert.reset()
+        self.running[ep.position] = (Episode(ep.spec, prompt=str(obs["prompt"])), expert)
+
+    def decide(self, episodes: Sequence[LiveEpisode[EpisodeSpec]], obs: Any) -> np.ndarray:
+        actions = []
+        for ep in episodes:
+            episode, expert = self.running[ep.position]
+            row = obs_row(obs, ep.row)
+            action = np.asarray(expert.act({"state": row["state"], "object_state": row["object_state"]}))
+            _append(episode, row, action, self.cameras)
+            actions.append(action[None])
+        return np.stack(actions).astype(np.float32)
+
+    def ended(self, outcomes: Sequence[EpisodeOutcome[EpisodeSpec]], obs: Any) -> None:
+        for outcome in outcomes:
+            started = self.running.pop(outcome.position, None)
+            # a failed reset never started: an empty failed episode (its prompt row is stale)
+            ep = started[0] if started else Episode(outcome.spec, prompt=str(obs["prompt"][outcome.row]))
+            ep.success = outcome.success
+            if outcome.infra_failure and started:
+                ep.drop_last_frame()  # that action never ran to completion
+            ep.error = outcome.error if outcome.infra_failure else None
+            ep.reason = None if ep.success else outcome.reason or "max_steps"
+            self.done[outcome.position] = ep
 
 
 def run_rollouts(venv: BatchedEnv, schedule: Sequence[EpisodeSpec], cameras: Sequence[str]) -> Iterator[Episode]:
@@ -90,85 +122,17 @@ def run_rollouts(venv: BatchedEnv, schedule: Sequence[EpisodeSpec], cameras: Seq
 
     ``venv`` must hold multi-task envs with ``obs_mode="all"`` (cameras plus ``object_state``).
     """
-    pending: deque[int] = deque(range(len(schedule)))  # positions in the schedule
-    slots: list[_Slot | None] = [None] * venv.num_envs
-    position: dict[int, int] = {}  # env slot -> schedule position
-    done: dict[int, Episode] = {}
+    hooks = _ExpertHooks(cameras)
     next_out = 0
-    obs: dict[str, Any] = {}
-    shape = venv.single_action_space.shape
-    assert shape is not None
-
-    while pending or any(slots):
-        free = [i for i, s in enumerate(slots) if s is None]
-        if free and pending:
-            obs = _start(venv, schedule, pending, free, slots, position, done, obs)
-        active = [i for i, s in enumerate(slots) if s is not None]
-        if active:
-            actions = np.zeros((venv.num_envs, *shape), dtype=np.float32)
-            mask = np.zeros(venv.num_envs, dtype=bool)
-            for i in active:
-                slot = slots[i]
-                assert slot is not None
-                actions[i] = slot.expert.act({"state": obs["state"][i], "object_state": obs["object_state"][i]})
-                _append(slot.episode, obs, i, actions[i], cameras)
-                mask[i] = True
-            obs, _rewards, terminated, truncated, infos = venv.step(actions, mask=mask)
-            for i in active:
-                if not (terminated[i] or truncated[i]):
-                    continue
-                slot = slots[i]
-                assert slot is not None
-                ep, info = slot.episode, infos[i]
-                ep.success = bool(info.get("is_success", False)) and "worker_error" not in info
-                if "worker_error" in info:
-                    ep.drop_last_frame()  # that action never ran to completion
-                    ep.error = str(info["worker_error"])[-2000:]
-                ep.reason = None if ep.success else str(info.get("truncated_reason") or "max_steps")
-                done[position.pop(i)] = ep
-                slots[i] = None
-        while next_out in done:
-            yield done.pop(next_out)
+    for _ in EpisodeScheduler[EpisodeSpec](venv, replan_steps=1).episodes(schedule, hooks):
+        while next_out in hooks.done:
+            yield hooks.done.pop(next_out)
             next_out += 1
 
 
-def _start(
-    venv: BatchedEnv,
-    schedule: Sequence[EpisodeSpec],
-    pending: deque[int],
-    free: list[int],
-    slots: list[_Slot | None],
-    position: dict[int, int],
-    done: dict[int, Episode],
-    obs: dict[str, Any],
-) -> dict[str, Any]:
-    """Reset the ``free`` envs onto the next pending episodes (one partial reset per attempt)."""
-    while free and pending:
-        assigned = {i: pending.popleft() for i in free[: len(pending)]}
-        mask = np.zeros(venv.num_envs, dtype=bool)
-        mask[list(assigned)] = True
-        specs = [schedule[p] for p in assigned.values()]
-        obs, infos = venv.reset(seeds=[s.seed for s in specs], options=[{"task": s.task} for s in specs], mask=mask)
-        free = []
-        for i, pos in assigned.items():
-            spec = schedule[pos]
-            ep = Episode(spec, prompt=str(obs["prompt"][i]))
-            if "truncated_reason" in infos[i]:  # the reset failed twice: a failed episode, try the next one
-                ep.reason = str(infos[i]["truncated_reason"])
-                ep.error = str(infos[i].get("worker_error", ""))[-2000:]
-                done[pos] = ep
-                free.append(i)
-                continue
-            expert = scripted_expert(spec.task)
-            expert.reset()
-            slots[i] = _Slot(ep, expert)
-            position[i] = pos
-    return obs
-
-
-def _append(ep: Episode, obs: dict[str, Any], i: int, action: np.ndarray, cameras: Sequence[str]) -> None:
+def _append(ep: Episode, obs: dict[str, Any], action: np.ndarray, cameras: Sequence[str]) -> None:
     for cam in cameras:
-        ep.images.setdefault(cam, []).append(np.array(obs[cam][i], dtype=np.uint8))
-    ep.states.append(np.array(obs["state"][i], dtype=np.float32))
-    ep.object_states.append(np.array(obs["object_state"][i], dtype=np.float32))
+        ep.images.setdefault(cam, []).append(np.array(obs[cam], dtype=np.uint8))
+    ep.states.append(np.array(obs["state"], dtype=np.float32))
+    ep.object_states.append(np.array(obs["object_state"], dtype=np.float32))
     ep.actions.append(np.array(action, dtype=np.float32))

@@ -6,10 +6,10 @@ send one ZMQ request per *vector* of environments, with the batch axis on the wi
 - ``video.<camera>``: uint8 (B, T, H, W, 3); ``state.<group>``: float (B, T, d) per state group;
   ``annotation.human.action.task_description`` (or ``annotation.human.task_description``,
   ``annotation.human.coarse_action``): B strings;
-- the reply: ``action.<group>``: float32 (B, horizon, d) per action group.
+- the reply: ``action.<group>``: float32 (B, chunk_size, d) per action group.
 
 N1.5's flat format is the same without the batch axis (``video.*`` (T, H, W, 3), ``state.*``
-(T, d), one instruction; ``action.*`` (horizon, d)). ``Gr00tLayoutPolicy`` splits such a request
+(T, d), one instruction; ``action.*`` (chunk_size, d)). ``Gr00tLayoutPolicy`` splits such a request
 into B observations in the inner policy's own keys (``observation/<camera>``, the state groups
 concatenated in the layout's order as ``observation/state``, ``prompt``), answers them with ONE
 ``infer_batch`` call, and splits the chunks' columns back into the action groups. Requests that
@@ -45,7 +45,7 @@ class Gr00tLayout:
     video: tuple[tuple[str, str], ...]  # (GR00T key, inner policy key)
     state: tuple[tuple[str, int], ...]
     action: tuple[tuple[str, int], ...]
-    horizon: int  # GR00T's action horizon for this embodiment (announced in the modality config)
+    chunk_size: int  # action rows per reply (GR00T's action_horizon; announced in the modality config)
 
     def modality_config(self) -> dict[str, Any]:
         """GR00T's ``ModalityConfig`` tables (``delta_indices`` + ``modality_keys``) for this layout."""
@@ -53,7 +53,7 @@ class Gr00tLayout:
             "video": {"delta_indices": [0], "modality_keys": [k.removeprefix("video.") for k, _ in self.video]},
             "state": {"delta_indices": [0], "modality_keys": [k.removeprefix("state.") for k, _ in self.state]},
             "action": {
-                "delta_indices": list(range(self.horizon)),
+                "delta_indices": list(range(self.chunk_size)),
                 "modality_keys": [k.removeprefix("action.") for k, _ in self.action],
             },
             "language": {"delta_indices": [0], "modality_keys": [LANGUAGE_KEYS[0]]},
@@ -84,7 +84,7 @@ LAYOUTS = {
             ("action.yaw", 1),
             ("action.gripper", 1),
         ),
-        horizon=16,
+        chunk_size=16,
     )
 }
 

@@ -27,7 +27,7 @@ import torch
 
 from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
 
-__all__ = ["IGNORED_KEYS", "STATE_KEY", "TASK_KEY", "LeRobotIO", "feature_type", "image_tensor"]
+__all__ = ["IGNORED_KEYS", "STATE_KEY", "TASK_KEY", "LeRobotIO", "LeRobotIOPolicy", "feature_type", "image_tensor"]
 
 STATE_KEY, TASK_KEY = "observation.state", "task"
 # openpi LIBERO clients name the cameras by role; LeRobot's LIBERO checkpoints call them image/image2, and its
@@ -181,3 +181,16 @@ class LeRobotIO:
         if self.state_dim:
             batch[STATE_KEY] = torch.from_numpy(np.stack([np.asarray(it[STATE_KEY], np.float32) for it in items]))
         return batch
+
+
+class LeRobotIOPolicy:
+    """Mixin of the LeRobot families' serving policies: the input spec and warm-up example come from ``io``."""
+
+    io: LeRobotIO
+
+    @property
+    def input_spec(self) -> InputSpec:
+        return self.io.spec
+
+    def example_observation(self) -> dict[str, Any]:
+        return self.io.example()

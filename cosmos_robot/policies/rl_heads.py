@@ -20,11 +20,11 @@ __all__ = ["FlowSpec", "openpi_flow_time", "value_head"]
 
 
 class FlowSpec(BaseModel):
-    """The sampler-facing sizes: chain rows (``horizon``) and width (``action_dim``, the padded width)."""
+    """The sampler-facing sizes: chain rows (``chunk_size``) and width (``action_dim``, the padded width)."""
 
     model_config = ConfigDict(frozen=True)
 
-    horizon: int
+    chunk_size: int
     action_dim: int
     num_flow_steps: int
     noise_level: float = 0.5

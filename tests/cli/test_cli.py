@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cosmos_robot.cli import app
-from cosmos_robot.policy_loading import PolicyLoadError, load_policy, parse_policy_args
+from cosmos_robot.policy_loading import PolicyLoadError, load_policy_factory, parse_policy_args
 from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
 
 runner = CliRunner()
@@ -51,7 +51,7 @@ def test_parse_policy_args() -> None:
 )
 def test_policy_loading_errors(ref: str, kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(PolicyLoadError, match=message):
-        load_policy(ref, kwargs)
+        load_policy_factory(ref, kwargs)
 
 
 def test_serve_bad_policy_exits_with_message() -> None:

@@ -3,7 +3,7 @@
 RoboLab needs Isaac Sim, so ``robolab_double.py`` (a TEST DOUBLE written from RoboLab's documented
 ``InferenceClient`` interface, run in .venv-openpi with the real openpi-client) sends exactly what
 RoboLab's ``Cosmos3Client`` and ``Pi0DroidJointposClient`` send. The servers are tiny real
-checkpoints loaded by ``cosmos_robot.policies.load_policy`` behind ``PolicyServer``, the path
+checkpoints loaded by ``cosmos_robot.policies.load_policy_folder`` behind ``PolicyServer``, the path
 ``cosmos-robot serve --ckpt`` takes. The tiny cosmos3 model takes about 2 s per call on a CPU, so
 it runs once; the other cosmos3 tests swap its sampler for a recorder (``recording``), which keeps
 every transform at the edge real (key checks, canvas, state row, gripper flip) and shows what the
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cosmos_robot.policies import load_policy
+from cosmos_robot.policies import load_policy_folder
 from cosmos_robot_client.robolab import CosmosRobotRoboLabClient
 from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
 from cosmos_robot_server import PolicyServer, ServerConfig
@@ -52,7 +52,7 @@ def cosmos3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Pol
     from cosmos_robot.policies.cosmos3.tiny import build_tiny_cosmos3
 
     folder = build_tiny_cosmos3(tmp_path_factory.mktemp("c3") / "droid", "droid", FAST_COSMOS3)
-    policy = load_policy(folder, device="cpu")
+    policy = load_policy_folder(folder, device="cpu")
     server = PolicyServer(policy, ServerConfig(port=0)).start_in_thread()
     yield policy, server
     server.stop()
@@ -65,7 +65,7 @@ def pi05(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Policy
 
     cams = ("exterior_image_1_left", "wrist_image_left")
     tiny = build_tiny_pi05(seed=2, chunk=16, n_action_steps=15, state_dim=8, action_dim=8, cameras=cams)
-    policy = load_policy(tiny.save_pretrained(tmp_path_factory.mktemp("pi05") / "droid"), device="cpu")
+    policy = load_policy_folder(tiny.save_pretrained(tmp_path_factory.mktemp("pi05") / "droid"), device="cpu")
     server = PolicyServer(policy, ServerConfig(port=0)).start_in_thread()
     yield policy, server
     server.stop()

@@ -22,19 +22,26 @@ from tests.policies._flow_helpers import scrambled_model, tiny_config, tiny_stat
 
 CLI = [sys.executable, "-m", "cosmos_robot.cli"]
 
-OPENPI_CLIENT = """
+# the start of every openpi client script below (run in .venv-openpi, port in argv[1])
+CLIENT_HEAD = """
 import json, sys, numpy as np
 from openpi_client.websocket_client_policy import WebsocketClientPolicy
 client = WebsocketClientPolicy("127.0.0.1", int(sys.argv[1]))
 meta = client.get_server_metadata()
 rng = np.random.default_rng(0)
+"""
+
+OPENPI_CLIENT = (
+    CLIENT_HEAD
+    + """
 obs = {"observation/image": rng.integers(0, 256, (128, 128, 3), dtype=np.uint8),
        "observation/wrist_image": rng.integers(0, 256, (128, 128, 3), dtype=np.uint8),
        "observation/state": rng.standard_normal(8), "prompt": "open the drawer"}
 a = client.infer(obs)["actions"]
 print(json.dumps({"shape": list(a.shape), "dtype": str(a.dtype), "type": meta.get("type"),
-                  "horizon": meta.get("action_horizon"), "finite": bool(np.isfinite(a).all())}))
+                  "action_horizon": meta.get("action_horizon"), "finite": bool(np.isfinite(a).all())}))
 """
+)
 
 
 def serve_and_ask(folder: Path, client_code: str, *extra: str) -> dict:
@@ -56,7 +63,7 @@ def serve_and_ask(folder: Path, client_code: str, *extra: str) -> dict:
 
 @pytest.fixture(scope="module")
 def flow_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    config = tiny_config(horizon=6)
+    config = tiny_config(chunk_size=6)
     path = tmp_path_factory.mktemp("ckpt") / "flow"
     FlowPolicy(scrambled_model(config), tiny_stats(config)).save_pretrained(path)
     return path
@@ -64,7 +71,7 @@ def flow_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_serve_ckpt_answers_real_openpi_client(flow_ckpt: Path) -> None:
     got = serve_and_ask(flow_ckpt, OPENPI_CLIENT)
-    assert got == {"shape": [6, 7], "dtype": "float32", "type": "flow", "horizon": 6, "finite": True}
+    assert got == {"shape": [6, 7], "dtype": "float32", "type": "flow", "action_horizon": 6, "finite": True}
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +84,12 @@ def pi05_ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_serve_pi05_ckpt_answers_real_openpi_client(pi05_ckpt: Path) -> None:
     """A LeRobot pi05 folder behind `serve --ckpt`: openpi's LIBERO keys in, a (5, 7) chunk out."""
     got = serve_and_ask(pi05_ckpt, OPENPI_CLIENT)
-    assert got == {"shape": [5, 7], "dtype": "float32", "type": "pi05", "horizon": 5, "finite": True}
+    assert got == {"shape": [5, 7], "dtype": "float32", "type": "pi05", "action_horizon": 5, "finite": True}
 
 
 def test_serve_warms_up_before_ready(pi05_ckpt: Path) -> None:
     got = serve_and_ask(pi05_ckpt, OPENPI_CLIENT, "--warmup", "1,2", "--max-batch", "4")
-    assert got["shape"] == [got["horizon"], 7] and got["finite"]
+    assert got["shape"] == [got["action_horizon"], 7] and got["finite"]
 
 
 def test_warmup_option() -> None:
@@ -152,15 +159,12 @@ def test_serve_groot_ckpt_answers_real_openpi_client(tmp_path: Path) -> None:
 
     folder = build_tiny_groot(tmp_path / "groot")
     got = serve_and_ask(folder, OPENPI_CLIENT)
-    assert got == {"shape": [8, 7], "dtype": "float32", "type": "groot", "horizon": 8, "finite": True}
+    assert got == {"shape": [8, 7], "dtype": "float32", "type": "groot", "action_horizon": 8, "finite": True}
 
 
-OPENPI_DROID_CLIENT = """
-import json, sys, numpy as np
-from openpi_client.websocket_client_policy import WebsocketClientPolicy
-client = WebsocketClientPolicy("127.0.0.1", int(sys.argv[1]))
-meta = client.get_server_metadata()
-rng = np.random.default_rng(0)
+OPENPI_DROID_CLIENT = (
+    CLIENT_HEAD
+    + """
 obs = {"observation/exterior_image_1_left": rng.integers(0, 256, (180, 320, 3), dtype=np.uint8),
        "observation/exterior_image_2_left": rng.integers(0, 256, (180, 320, 3), dtype=np.uint8),
        "observation/wrist_image_left": rng.integers(0, 256, (180, 320, 3), dtype=np.uint8),
@@ -170,6 +174,7 @@ a = client.infer(obs)["actions"]
 print(json.dumps({"shape": list(a.shape), "dtype": str(a.dtype), "type": meta.get("type"),
                   "space": meta.get("action_space"), "finite": bool(np.isfinite(a).all())}))
 """
+)
 
 
 def test_serve_cosmos3_droid_ckpt_answers_real_openpi_droid_client(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from cosmos_robot_client.runtime import Environment, PolicyAgent, Runtime, Subsc
 
 
 class CountingPolicy(BasePolicy):
-    def __init__(self, horizon: int = 4) -> None:
-        self.horizon = horizon
+    def __init__(self, chunk_size: int = 4) -> None:
+        self.chunk_size = chunk_size
         self.calls = 0
         self.resets = 0
 
@@ -23,8 +23,8 @@ class CountingPolicy(BasePolicy):
         self.calls += 1
         base = self.calls * 100
         return {
-            "actions": np.arange(self.horizon, dtype=np.float32)[:, None] + base,
-            "extra": {"chunk": np.arange(self.horizon)},
+            "actions": np.arange(self.chunk_size, dtype=np.float32)[:, None] + base,
+            "extra": {"chunk": np.arange(self.chunk_size)},
             "server_timing": {"infer_ms": 1.0},
         }
 
@@ -32,8 +32,8 @@ class CountingPolicy(BasePolicy):
         self.resets += 1
 
 
-def test_broker_calls_once_per_horizon_and_slices_every_leaf() -> None:
-    policy = CountingPolicy(horizon=4)
+def test_broker_calls_once_per_replan_and_slices_every_leaf() -> None:
+    policy = CountingPolicy(chunk_size=4)
     broker = ActionChunkBroker(policy, action_horizon=3)
     steps = [broker.infer({}) for _ in range(7)]
     assert policy.calls == 3 and broker.requests == 3
@@ -46,7 +46,7 @@ def test_broker_calls_once_per_horizon_and_slices_every_leaf() -> None:
 
 
 def test_broker_rejects_short_chunk_with_clear_error() -> None:
-    broker = ActionChunkBroker(CountingPolicy(horizon=2), action_horizon=5)
+    broker = ActionChunkBroker(CountingPolicy(chunk_size=2), action_horizon=5)
     with pytest.raises(ValueError, match="chunk of 2 steps but action_horizon is 5"):
         broker.infer({})
     with pytest.raises(ValueError, match="action_horizon"):
@@ -91,7 +91,7 @@ class Recorder(Subscriber):
 
 def test_runtime_runs_episodes_with_hooks_and_pacing() -> None:
     env = CountdownEnv(length=10)
-    policy = CountingPolicy(horizon=5)
+    policy = CountingPolicy(chunk_size=5)
     rec = Recorder()
     runtime = Runtime(env, PolicyAgent(ActionChunkBroker(policy, 5)), [rec], max_hz=100.0, num_episodes=2)
     stats = runtime.run()

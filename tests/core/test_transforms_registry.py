@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cosmos_robot.normalize import FeatureStats, compute_stats
-from cosmos_robot.policies import CheckpointError, detect_family, load_policy
+from cosmos_robot.policies import CheckpointError, detect_family, load_policy_folder
 from cosmos_robot.transforms import (
     NormalizeKeys,
     PadOrSliceActions,
@@ -75,7 +75,7 @@ def test_detect_family_errors(tmp_path: Path) -> None:
         detect_family(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"type": "flwo"}))
     with pytest.raises(CheckpointError, match="unknown policy type 'flwo'; did you mean 'flow'"):
-        load_policy(tmp_path)
+        load_policy_folder(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"no_type": 1}))
     with pytest.raises(CheckpointError, match="missing the 'type' field"):
         detect_family(tmp_path)

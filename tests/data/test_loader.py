@@ -20,7 +20,7 @@ from cosmos_robot.transforms import ResizeImages
 
 def test_action_chunks_repeat_the_last_action_and_mark_padding() -> None:
     actions = np.arange(5, dtype=np.float32)[:, None]  # episodes [0, 1, 2] and [3, 4]
-    chunks, pad = action_chunks(actions, np.array([7, 7, 7, 9, 9]), horizon=3)
+    chunks, pad = action_chunks(actions, np.array([7, 7, 7, 9, 9]), chunk_size=3)
     assert chunks[..., 0].tolist() == [[0, 1, 2], [1, 2, 2], [2, 2, 2], [3, 4, 4], [4, 4, 4]]
     assert pad.tolist() == [
         [False, False, False],
@@ -29,12 +29,12 @@ def test_action_chunks_repeat_the_last_action_and_mark_padding() -> None:
         [False, False, True],
         [False, True, True],
     ]
-    with pytest.raises(ValueError, match="action_horizon"):
-        action_chunks(actions, np.zeros(5), horizon=0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        action_chunks(actions, np.zeros(5), chunk_size=0)
 
 
 def test_loaded_tensors_match_the_lerobot_dataset(tiny_dataset: Path) -> None:
-    data = load_demonstrations(tiny_dataset, action_horizon=8, image_size=32)
+    data = load_demonstrations(tiny_dataset, chunk_size=8, image_size=32)
     ds = LeRobotDataset("local/tiny", root=tiny_dataset)
     n = ds.num_frames
     assert len(data) == n and data.num_episodes == 4 and data.fps == 20
@@ -51,14 +51,14 @@ def test_loaded_tensors_match_the_lerobot_dataset(tiny_dataset: Path) -> None:
 
 
 def test_chunks_stay_inside_their_episode(tiny_dataset: Path) -> None:
-    horizon = 10
-    data = load_demonstrations(tiny_dataset, action_horizon=horizon, image_size=32)
+    chunk_size = 10
+    data = load_demonstrations(tiny_dataset, chunk_size=chunk_size, image_size=32)
     raw = data.actions[:, 0]
     ep = data.episode_index
     for i in range(len(data)):
         same = torch.nonzero(ep == ep[i]).flatten()
         last = int(same.max())
-        for k in range(horizon):
+        for k in range(chunk_size):
             j = min(i + k, last)
             assert torch.equal(data.actions[i, k], raw[j])
             assert bool(data.action_is_pad[i, k]) == (i + k > last)
@@ -67,7 +67,7 @@ def test_chunks_stay_inside_their_episode(tiny_dataset: Path) -> None:
 
 
 def test_images_are_resized_like_the_serving_transform(tiny_dataset: Path) -> None:
-    data = load_demonstrations(tiny_dataset, action_horizon=4, image_size=16, cameras=("wrist_image",))
+    data = load_demonstrations(tiny_dataset, chunk_size=4, image_size=16, cameras=("wrist_image",))
     assert data.images.shape[1:] == (1, 3, 16, 16) and data.cameras == ("wrist_image",)
     ds = LeRobotDataset("local/tiny", root=tiny_dataset)
     png = ds.hf_dataset.data.column(camera_key("wrist_image"))[3]["bytes"].as_py()
@@ -77,13 +77,13 @@ def test_images_are_resized_like_the_serving_transform(tiny_dataset: Path) -> No
 
 
 def test_max_episodes_loads_a_prefix(tiny_dataset: Path) -> None:
-    data = load_demonstrations(tiny_dataset, action_horizon=4, image_size=32, max_episodes=2)
+    data = load_demonstrations(tiny_dataset, chunk_size=4, image_size=32, max_episodes=2)
     assert sorted(set(data.episode_index.tolist())) == [0, 1]
     assert len(set(data.prompts)) == 2  # the schedule interleaves tasks, so a prefix covers both
 
 
 def test_norm_stats_shapes_and_agree_with_lerobot_stats(tiny_dataset: Path) -> None:
-    data = load_demonstrations(tiny_dataset, action_horizon=4, image_size=32)
+    data = load_demonstrations(tiny_dataset, chunk_size=4, image_size=32)
     stats = compute_norm_stats(data)
     assert set(stats) == {STATE, ACTION}
     q99 = stats[ACTION].q99
@@ -96,6 +96,6 @@ def test_norm_stats_shapes_and_agree_with_lerobot_stats(tiny_dataset: Path) -> N
 
 def test_clear_errors_for_a_missing_dataset_or_feature(tiny_dataset: Path, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="not a LeRobot dataset"):
-        load_demonstrations(tmp_path, action_horizon=4, image_size=32)
+        load_demonstrations(tmp_path, chunk_size=4, image_size=32)
     with pytest.raises(KeyError, match="observation.images.left"):
-        load_demonstrations(tiny_dataset, action_horizon=4, image_size=32, cameras=("image", "left"))
+        load_demonstrations(tiny_dataset, chunk_size=4, image_size=32, cameras=("image", "left"))

@@ -65,8 +65,8 @@ def test_real_command_with_async_workers_matches_sync(tmp_path: Path) -> None:
     assert side["config"]["vector_mode"] == "async"
     sync = runner.invoke(app, ["record", *args, "--vector-mode", "sync", "--out", str(tmp_path / "sync")])
     assert sync.exit_code == 0, sync.output
-    a = load_demonstrations(tmp_path / "async", action_horizon=4, image_size=32)
-    b = load_demonstrations(tmp_path / "sync", action_horizon=4, image_size=32)
+    a = load_demonstrations(tmp_path / "async", chunk_size=4, image_size=32)
+    b = load_demonstrations(tmp_path / "sync", chunk_size=4, image_size=32)
     assert np.array_equal(a.actions.numpy(), b.actions.numpy()) and np.array_equal(a.images.numpy(), b.images.numpy())
 
 
@@ -76,8 +76,8 @@ def test_videos_store_mp4_that_load_back_close_to_the_png_frames(tmp_path: Path)
     result = runner.invoke(app, [*args, "--videos", "--out", str(tmp_path / "mp4")])
     assert result.exit_code == 0, result.output
     assert list((tmp_path / "mp4" / "videos").rglob("*.mp4"))
-    png = load_demonstrations(tmp_path / "png", action_horizon=4, image_size=64)
-    mp4 = load_demonstrations(tmp_path / "mp4", action_horizon=4, image_size=64)
+    png = load_demonstrations(tmp_path / "png", chunk_size=4, image_size=64)
+    mp4 = load_demonstrations(tmp_path / "mp4", chunk_size=4, image_size=64)
     assert np.array_equal(png.actions.numpy(), mp4.actions.numpy())
     error = np.abs(png.images.numpy().astype(np.int16) - mp4.images.numpy().astype(np.int16)).mean()
     assert error < 8.0, f"mean abs pixel error {error:.2f} after lossy video coding"

@@ -17,7 +17,7 @@ def tiny_config(**overrides: Any) -> FlowConfig:
     """A few-thousand-parameter model: every test runs in milliseconds."""
     base: dict[str, Any] = dict(
         image_size=16,
-        horizon=4,
+        chunk_size=4,
         num_flow_steps=4,
         encoder_channels=8,
         encoder_convs=1,
@@ -73,5 +73,5 @@ def make_batch(config: FlowConfig, batch: int = 6, seed: int = 0) -> dict[str, A
         "images": torch.randint(0, 256, (batch, len(config.cameras), 3, s, s), generator=gen, dtype=torch.uint8),
         "state": torch.randn(batch, config.state_dim, generator=gen),
         "prompt": [PROMPTS[i % len(PROMPTS)] for i in range(batch)],
-        "actions": torch.randn(batch, config.horizon, config.action_dim, generator=gen),
+        "actions": torch.randn(batch, config.chunk_size, config.action_dim, generator=gen),
     }

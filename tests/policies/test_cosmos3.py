@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from cosmos_robot.policies import CheckpointError, detect_family, load_policy
+from cosmos_robot.policies import CheckpointError, detect_family, load_policy_folder
 from cosmos_robot.policies.compiling import transformer_blocks
 from cosmos_robot.policies.cosmos3.conventions import (
     DROID,
@@ -42,7 +42,7 @@ def droid_obs(seed: int, joint_shift: float = 0.0) -> dict:
 
 @pytest.fixture(scope="module")
 def droid(tmp_path_factory: pytest.TempPathFactory) -> Cosmos3Policy:
-    policy = load_policy(build_tiny_cosmos3(tmp_path_factory.mktemp("c3") / "droid", "droid", FAST))
+    policy = load_policy_folder(build_tiny_cosmos3(tmp_path_factory.mktemp("c3") / "droid", "droid", FAST))
     assert isinstance(policy, Cosmos3Policy)
     return policy
 
@@ -125,7 +125,7 @@ def test_droid_metadata_and_missing_key(droid: Cosmos3Policy) -> None:
 
 
 def test_libero_conventions_end_to_end(tmp_path: Path) -> None:
-    policy = load_policy(build_tiny_cosmos3(tmp_path / "libero", "libero", {"num_steps": 4}))
+    policy = load_policy_folder(build_tiny_cosmos3(tmp_path / "libero", "libero", {"num_steps": 4}))
     rng = np.random.default_rng(0)
     obs = {
         "observation/image": rng.integers(0, 256, (128, 128, 3), dtype=np.uint8),
@@ -155,16 +155,16 @@ def test_bad_folders_are_named(tmp_path: Path) -> None:
     assert detect_family(folder) == "cosmos3"
     (folder / "libero_native_frame_wise_relative_rot6d.json").unlink()
     with pytest.raises(CheckpointError, match="libero_native_frame_wise_relative_rot6d.json.*missing"):
-        load_policy(folder)
+        load_policy_folder(folder)
     (folder / "cosmos_robot_policy.json").write_text(json.dumps({"embodiment": "aloha"}))
     with pytest.raises(CheckpointError, match="embodiment 'aloha' is not one of"):
-        load_policy(folder)
+        load_policy_folder(folder)
     (folder / "cosmos_robot_policy.json").write_text(json.dumps({"embodiment": "droid", "settings": {"stpes": 3}}))
     with pytest.raises(CheckpointError, match="unknown settings \\['stpes'\\]"):
-        load_policy(folder)
+        load_policy_folder(folder)
     (folder / "cosmos_robot_policy.json").unlink()
     with pytest.raises(CheckpointError, match="which policy conventions apply is not recorded"):
-        load_policy(folder)
+        load_policy_folder(folder)
 
 
 def test_dtype_and_compile_options(tmp_path: Path) -> None:

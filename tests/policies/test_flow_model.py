@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,14 +12,7 @@ from cosmos_robot.policies.flow import FlowConfig, FlowModel, encode_prompts
 from cosmos_robot.policies.flow.text import prompt_buckets
 from tests.policies._flow_helpers import make_batch, scrambled_model, tiny_config
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny models run fastest on one thread, and far more steadily on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/policies/conftest.py
 
 
 def test_default_config_size_fits_a_committed_checkpoint() -> None:
@@ -49,7 +41,7 @@ def test_config_is_deterministic_and_seeded() -> None:
         ({"cameras": ()}, "cameras"),
         ({"cameras": ("image", "image")}, "cameras"),
         ({"time_embed_dim": 7}, "time_embed_dim"),
-        ({"horizn": 3}, "horizn"),
+        ({"chunk_sise": 3}, "chunk_sise"),
     ],
 )
 def test_config_errors_name_the_field(overrides: dict[str, object], field: str) -> None:
@@ -120,22 +112,22 @@ def test_flow_loss_convention_and_padding() -> None:
     cfg = tiny_config()
     model = scrambled_model(cfg)
     batch = make_batch(cfg, batch=4)
-    noise = torch.randn(4, cfg.horizon, cfg.action_dim)
+    noise = torch.randn(4, cfg.chunk_size, cfg.action_dim)
     time = torch.tensor([0.2, 0.5, 0.9, 1.0])
     loss, metrics = model.flow_loss(batch, noise=noise, time=time)
     # pi0 convention: x_t = (1 - t) a + t eps, target eps - a
     a, t = batch["actions"], time[:, None, None]
     v = model.velocity((1 - t) * a + t * noise, time, model.encode(batch))
     assert torch.allclose(loss, (v - (noise - a)).pow(2).mean(), atol=1e-6)
-    assert metrics["real_steps"] == 4 * cfg.horizon
-    pad = torch.zeros(4, cfg.horizon, dtype=torch.bool)
+    assert metrics["real_steps"] == 4 * cfg.chunk_size
+    pad = torch.zeros(4, cfg.chunk_size, dtype=torch.bool)
     pad[:, -1] = True
     pad[0, -2] = True
     loss_pad, metrics = model.flow_loss(dict(batch, action_pad_mask=pad), noise=noise, time=time)
     keep = ~pad[:, :, None]
     err = (v - (noise - a)).pow(2)
     assert torch.allclose(loss_pad, (err * keep).sum() / (keep.sum() * cfg.action_dim), atol=1e-6)
-    assert metrics["real_steps"] == 4 * cfg.horizon - 5
+    assert metrics["real_steps"] == 4 * cfg.chunk_size - 5
 
 
 def test_time_sampling_range() -> None:
@@ -164,7 +156,7 @@ def test_noise_std_stays_in_bounds() -> None:
     feats = 100.0 * torch.randn(64, cfg.expert_width)
     with torch.no_grad():
         std = model.noise_std(feats)
-    assert std.shape == (64, cfg.horizon, cfg.action_dim)
+    assert std.shape == (64, cfg.chunk_size, cfg.action_dim)
     assert float(std.min()) >= cfg.noise_std_min - 1e-7 and float(std.max()) <= cfg.noise_std_max + 1e-7
     assert float(std.min()) < 0.09 and float(std.max()) > 0.15  # the bounds are reachable
     mid = FlowModel(cfg).noise_std(torch.randn(2, cfg.expert_width))  # zero-init: the geometric midpoint

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -11,19 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from cosmos_robot.policies import CheckpointError, load_policy
+from cosmos_robot.policies import CheckpointError, load_policy_folder
 from cosmos_robot.policies.flow import FlowConfig, FlowModel, FlowPolicy, collate_observations, sample_actions
 from cosmos_robot.transforms import run_transforms
 from cosmos_robot_client.spec import ObservationError
 from tests.policies._flow_helpers import PROMPTS, make_obs, scrambled_model, tiny_config, tiny_stats
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/policies/conftest.py
 
 
 def _policy(**overrides: object) -> FlowPolicy:
@@ -44,7 +37,7 @@ def test_infer_batch_mixed_prompts() -> None:
     assert len(out) == 5
     for item in out:
         assert set(item) == {"actions"}
-        assert item["actions"].shape == (cfg.horizon, cfg.action_dim) and item["actions"].dtype == np.float32
+        assert item["actions"].shape == (cfg.chunk_size, cfg.action_dim) and item["actions"].dtype == np.float32
     # the prompt matters: same images and state, another instruction -> other actions
     other = policy.infer(dict(obs[0], prompt=PROMPTS[1]))
     assert not np.allclose(other["actions"], out[0]["actions"])
@@ -129,7 +122,7 @@ def test_wrong_observation_key_is_named() -> None:
 def test_round_trip_reproduces_actions_bitwise(ckpt: Path) -> None:
     assert sorted(p.name for p in ckpt.iterdir()) == ["config.json", "model.safetensors", "policy.json"]
     original = FlowPolicy.from_pretrained(ckpt)
-    loaded = load_policy(ckpt)  # through the registry
+    loaded = load_policy_folder(ckpt)  # through the registry
     assert isinstance(loaded, FlowPolicy)
     obs = [make_obs(original.config, seed=i, prompt=PROMPTS[i]) for i in range(3)]
     for a, b in zip(original.infer_batch(obs), loaded.infer_batch(obs)):
@@ -154,13 +147,13 @@ def test_default_size_checkpoint_is_small(tmp_path: Path) -> None:
 def test_missing_files(ckpt: Path) -> None:
     (ckpt / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"missing model\.safetensors"):
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
     (ckpt / "policy.json").unlink()
     with pytest.raises(CheckpointError, match=r"missing model\.safetensors, policy\.json"):
         FlowPolicy.from_pretrained(ckpt)
     (ckpt / "config.json").unlink()
     with pytest.raises(CheckpointError, match=r"missing config\.json"):
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
     with pytest.raises(CheckpointError, match=r"missing config\.json"):
         FlowPolicy.from_pretrained(ckpt)
     with pytest.raises(CheckpointError, match="not a checkpoint folder"):
@@ -176,7 +169,7 @@ def _edit_config(ckpt: Path, **changes: object) -> None:
 def test_unknown_type_did_you_mean(ckpt: Path) -> None:
     _edit_config(ckpt, type="flwo")
     with pytest.raises(CheckpointError, match="unknown policy type 'flwo'; did you mean 'flow'"):
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
     with pytest.raises(CheckpointError, match="expected 'flow'"):
         FlowPolicy.from_pretrained(ckpt)
 
@@ -184,16 +177,43 @@ def test_unknown_type_did_you_mean(ckpt: Path) -> None:
 @pytest.mark.parametrize(
     ("changes", "pattern"),
     [
-        ({"horizon": "ten"}, r"horizon: Input should be a valid integer"),
-        ({"horizn": 4}, r"horizn: unknown field; did you mean 'horizon'"),
+        ({"chunk_size": "ten"}, r"chunk_size: Input should be a valid integer"),
+        ({"chunk_sise": 4}, r"chunk_sise: unknown field; did you mean 'chunk_size'"),
         ({"image_size": 18}, r"image_size \(18\) must be a multiple of encoder_patch"),
     ],
 )
 def test_bad_config_field_is_named(ckpt: Path, changes: dict[str, object], pattern: str) -> None:
     _edit_config(ckpt, **changes)
     with pytest.raises(CheckpointError, match=pattern) as info:
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
     assert "config.json" in str(info.value)
+
+
+def test_legacy_horizon_key_still_loads_and_saves_as_chunk_size(ckpt: Path, tmp_path: Path) -> None:
+    """Folders written before issue 14 name the chunk rows ``horizon``; they load unchanged."""
+    data = json.loads((ckpt / "config.json").read_text())
+    old = {("horizon" if k == "chunk_size" else k): v for k, v in data.items()}  # same order, old key
+    (ckpt / "config.json").write_text(json.dumps(old, indent=2))
+    assert FlowConfig.model_validate(old) == FlowConfig.model_validate(data)
+    policy = load_policy_folder(ckpt)
+    assert isinstance(policy, FlowPolicy) and policy.config.chunk_size == data["chunk_size"]
+    obs = [make_obs(policy.config, seed=0, prompt=PROMPTS[0])]
+    assert policy.infer_batch(obs)[0]["actions"].shape == (data["chunk_size"], policy.config.action_dim)
+    saved = json.loads((policy.save_pretrained(tmp_path / "resaved") / "config.json").read_text())
+    assert saved["chunk_size"] == data["chunk_size"] and "horizon" not in saved
+
+
+def test_legacy_and_new_chunk_key_together_is_an_error(ckpt: Path) -> None:
+    _edit_config(ckpt, horizon=4)
+    with pytest.raises(CheckpointError, match=r"(?s)config\.json.*both 'chunk_size' \(4\) and its old name 'horizon'"):
+        load_policy_folder(ckpt)
+
+
+def test_bundled_flow_checkpoints_use_chunk_size() -> None:
+    root = Path(__file__).resolve().parents[2] / "checkpoints"
+    for name in ("flow_tabletop", "flow_tabletop_weak"):
+        data = json.loads((root / name / "config.json").read_text())
+        assert "horizon" not in data and FlowConfig.model_validate(data).chunk_size == data["chunk_size"] == 10
 
 
 def test_tensor_shape_mismatch_is_named(ckpt: Path) -> None:
@@ -201,13 +221,13 @@ def test_tensor_shape_mismatch_is_named(ckpt: Path) -> None:
     tensors["velocity_out.weight"] = torch.zeros(27, 32)
     save_file(tensors, str(ckpt / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"'velocity_out\.weight' has shape \(27, 32\) .* builds \(28, 32\)"):
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
 
 
 def test_config_that_disagrees_with_weights(ckpt: Path) -> None:
-    _edit_config(ckpt, horizon=5)  # a valid config, but not the one the weights were trained with
+    _edit_config(ckpt, chunk_size=5)  # a valid config, but not the one the weights were trained with
     with pytest.raises(CheckpointError, match=r"action_in\.weight.*\(32, 28\).*\(32, 35\)"):
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
 
 
 def test_extra_and_missing_tensors_are_named(ckpt: Path) -> None:
@@ -216,14 +236,14 @@ def test_extra_and_missing_tensors_are_named(ckpt: Path) -> None:
     del tensors["value_head.0.bias"]
     save_file(tensors, str(ckpt / "model.safetensors"))
     with pytest.raises(CheckpointError, match=r"missing tensors \['value_head\.0\.bias'\]") as info:
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
     assert "unexpected tensors ['head.extra']" in str(info.value)
 
 
 def test_corrupt_files(ckpt: Path) -> None:
     (ckpt / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(CheckpointError, match="not a readable safetensors file"):
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
     (ckpt / "config.json").write_text("{broken")
     with pytest.raises(CheckpointError, match="not valid JSON"):
         FlowPolicy.from_pretrained(ckpt)
@@ -237,16 +257,16 @@ def test_bad_policy_json(ckpt: Path) -> None:
         CheckpointError,
         match=r"policy\.json: transforms\[0\]: unknown transform 'RenameKey'; did you mean 'RenameKeys'",
     ):
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
     data["input_transforms"][0]["name"] = "RenameKeys"
     data["stats"]["actions"]["mean"] = [0.0] * 3
     (ckpt / "policy.json").write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match=r"stats\['actions'\]"):
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
     del data["stats"]
     (ckpt / "policy.json").write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match=r"missing \['stats'\]"):
-        load_policy(ckpt)
+        load_policy_folder(ckpt)
 
 
 def test_stats_must_match_config() -> None:
@@ -265,4 +285,4 @@ def test_example_observation_is_served() -> None:
     assert example is not None and all(
         example[f"observation/{c}"].shape == (224, 224, 3) for c in policy.config.cameras
     )
-    assert policy.infer(example)["actions"].shape == (policy.config.horizon, policy.config.action_dim)
+    assert policy.infer(example)["actions"].shape == (policy.config.chunk_size, policy.config.action_dim)

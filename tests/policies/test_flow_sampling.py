@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -12,13 +11,7 @@ from cosmos_robot.policies.flow import FlowModel, recompute_log_prob, sample_act
 from cosmos_robot.policies.flow.sampling import sde_sigmas, timesteps
 from tests.policies._flow_helpers import make_batch, scrambled_model, tiny_config
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/policies/conftest.py
 
 
 class ToyModel(FlowModel):
@@ -31,7 +24,7 @@ class ToyModel(FlowModel):
 
 
 def _toy(num_steps: int = 4) -> tuple[ToyModel, torch.Tensor]:
-    cfg = tiny_config(horizon=1, action_dim=1, num_flow_steps=num_steps, noise_level=0.5)
+    cfg = tiny_config(chunk_size=1, action_dim=1, num_flow_steps=num_steps, noise_level=0.5)
     return ToyModel(cfg), torch.zeros(1, cfg.trunk_width)
 
 
@@ -165,7 +158,7 @@ def test_flow_noise_log_prob_is_mean_of_k_plus_one_terms() -> None:
     for j in range(k):
         step = res.step_log_probs[:, j + 1]
         assert torch.all(step != 0)
-    per_dim_entropy = res.entropy / (cfg.horizon * cfg.action_dim)
+    per_dim_entropy = res.entropy / (cfg.chunk_size * cfg.action_dim)
     lo, hi = (0.5 * math.log(2 * math.pi * math.e * s**2) for s in (cfg.noise_std_min, cfg.noise_std_max))
     assert torch.all(per_dim_entropy >= lo - 1e-5) and torch.all(per_dim_entropy <= hi + 1e-5)
 
@@ -174,11 +167,11 @@ def test_flow_noise_log_prob_is_mean_of_k_plus_one_terms() -> None:
 def test_log_probs_cover_only_the_executed_slice(mode: str) -> None:
     model, ctx = _setup(batch=3, action_dim=5)
     full = sample_actions(model, ctx, mode, generator=torch.Generator().manual_seed(4))  # type: ignore[arg-type]
-    part = sample_actions(model, ctx, mode, generator=torch.Generator().manual_seed(4), horizon=2, dims=3)  # type: ignore[arg-type]
+    part = sample_actions(model, ctx, mode, generator=torch.Generator().manual_seed(4), replan_steps=2, dims=3)  # type: ignore[arg-type]
     assert torch.equal(full.chain, part.chain)
     assert part.dim_log_prob.shape == (3, 2, 3)
     assert torch.allclose(part.log_prob, full.dim_log_prob[:, :2, :3].sum(dim=(1, 2)), atol=1e-5)
-    lp = recompute_log_prob(model, ctx, part.chain, mode, part.sde_step, horizon=2, dims=3)  # type: ignore[arg-type]
+    lp = recompute_log_prob(model, ctx, part.chain, mode, part.sde_step, replan_steps=2, dims=3)  # type: ignore[arg-type]
     assert torch.allclose(lp.log_prob, part.log_prob, atol=1e-5, rtol=0)
 
 
@@ -190,8 +183,8 @@ def test_argument_errors() -> None:
         sample_actions(model, ctx, noise=torch.zeros(2, 3, 7))
     with pytest.raises(ValueError, match="sde_step must be in"):
         sample_actions(model, ctx, "flow_sde", sde_step=9)
-    with pytest.raises(ValueError, match=r"horizon must be in \[1, 4\]"):
-        sample_actions(model, ctx, "flow_noise", horizon=0)
+    with pytest.raises(ValueError, match=r"replan_steps must be in \[1, chunk_size=4\]"):
+        sample_actions(model, ctx, "flow_noise", replan_steps=0)
     with pytest.raises(ValueError, match=r"dims must be in \[1, 7\]"):
         sample_actions(model, ctx, "flow_noise", dims=8)
     with pytest.raises(ValueError, match=r"chain: expected shape"):

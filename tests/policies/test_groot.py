@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cosmos_robot.policies import CheckpointError, detect_family, load_policy
+from cosmos_robot.policies import CheckpointError, detect_family, load_policy_folder
 from cosmos_robot.policies.groot.policy import Gr00tPolicy
 from cosmos_robot.policies.groot.tiny import build_tiny_groot
 from cosmos_robot_client.spec import ObservationError
@@ -23,7 +23,7 @@ def groot_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def policy(groot_folder: Path) -> Gr00tPolicy:
-    p = load_policy(groot_folder)
+    p = load_policy_folder(groot_folder)
     assert isinstance(p, Gr00tPolicy)
     return p
 
@@ -65,14 +65,14 @@ def test_bad_folders_are_named(groot_folder: Path, tmp_path: Path) -> None:
     shutil.copytree(groot_folder, bad)
     (bad / "policy_preprocessor.json").unlink()
     with pytest.raises(CheckpointError, match="missing policy_preprocessor.json"):
-        load_policy(bad)
+        load_policy_folder(bad)
     bad2 = tmp_path / "bad2"
     shutil.copytree(groot_folder, bad2)
     config = json.loads((bad2 / "config.json").read_text())
     config["base_model_path"] = str(tmp_path / "no_such_base")
     (bad2 / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="base_model_path .* does not exist"):
-        load_policy(bad2)
+        load_policy_folder(bad2)
 
 
 def _lerobot_chunks(policy: Gr00tPolicy, obs: list[dict]) -> np.ndarray:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from cosmos_robot.policies import CheckpointError, detect_family, load_policy
+from cosmos_robot.policies import CheckpointError, detect_family, load_policy_folder
 from cosmos_robot.policies.pi05.policy import Pi05Policy, resolve_attention
 from cosmos_robot_client.spec import ObservationError
 from tests.policies._pi05_helpers import libero_obs, tiny_pi05
@@ -50,7 +50,7 @@ def test_folder_is_lerobots_layout_and_detected(folder: Path) -> None:
 
 
 def test_roundtrip_gives_identical_actions(policy: Pi05Policy, folder: Path) -> None:
-    loaded = load_policy(folder)
+    loaded = load_policy_folder(folder)
     assert isinstance(loaded, Pi05Policy)
     obs = [libero_obs(0), libero_obs(1)]
     for a, b in zip(policy.infer_batch(obs), loaded.infer_batch(obs), strict=True):
@@ -120,7 +120,7 @@ def test_missing_file_is_named(folder: Path, tmp_path: Path) -> None:
     bad = _copy(folder, tmp_path / "bad")
     (bad / "policy_postprocessor.json").unlink()
     with pytest.raises(CheckpointError, match="missing policy_postprocessor.json"):
-        load_policy(bad)
+        load_policy_folder(bad)
 
 
 def test_wrong_tensor_shape_is_named(folder: Path, tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ def test_wrong_tensor_shape_is_named(folder: Path, tmp_path: Path) -> None:
     del tensors["model.time_mlp_out.bias"]
     save_file(tensors, str(bad / "model.safetensors"))
     with pytest.raises(CheckpointError) as err:
-        load_policy(bad)
+        load_policy_folder(bad)
     assert "'model.action_in_proj.weight' has shape (32, 9)" in str(err.value)
     assert "missing tensors: time_mlp_out.bias" in str(err.value)
 
@@ -141,12 +141,12 @@ def test_unknown_size_without_architecture_file_is_named(folder: Path, tmp_path:
     (bad / "pi05_architecture.json").unlink()
     # the config names the released sizes; the weights are tiny: the shape check says so
     with pytest.raises(CheckpointError, match="has shape .* the architecture needs"):
-        load_policy(bad)
+        load_policy_folder(bad)
     config = json.loads((bad / "config.json").read_text())
     config["paligemma_variant"] = "gemma_7b"
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="paligemma_variant 'gemma_7b' is not a released size"):
-        load_policy(bad)
+        load_policy_folder(bad)
 
 
 def test_missing_tokenizer_is_named(folder: Path, tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_missing_tokenizer_is_named(folder: Path, tmp_path: Path) -> None:
     bad = _copy(folder, tmp_path / "bad")
     shutil.rmtree(bad / "tokenizer")
     with pytest.raises(CheckpointError, match="no tokenizer: put the tokenizer files in"):
-        load_policy(bad)
+        load_policy_folder(bad)
 
 
 def test_flow_loss_trains(policy: Pi05Policy) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cosmos_robot.policies import load_policy
+from cosmos_robot.policies import load_policy_folder
 from cosmos_robot_trainers.launch import load_train_recipe
 from cosmos_robot_trainers.reference.ppo_flow import Args
 from cosmos_robot_trainers.reference.ppo_flow import main as reference_ppo
@@ -30,7 +30,7 @@ def test_modular_joint_ppo_matches_the_reference_on_a_tiny_budget(tmp_path: Path
     _, config = load_train_recipe("debug_joint_ppo", overrides)
     result = run_rl(config, log=lambda _: None)
     assert result.final_dir is not None
-    ours = load_policy(result.final_dir).model.state_dict()  # type: ignore[attr-defined]
+    ours = load_policy_folder(result.final_dir).model.state_dict()  # type: ignore[attr-defined]
 
     r, a, o = config.rollout, config.algo, config.optim
     args = Args(
@@ -62,7 +62,7 @@ def test_modular_joint_ppo_matches_the_reference_on_a_tiny_budget(tmp_path: Path
         seed=config.train.seed,
     )
     reference = reference_ppo(args).model.state_dict()
-    start = load_policy(CKPT).model.state_dict()  # type: ignore[attr-defined]
+    start = load_policy_folder(CKPT).model.state_dict()  # type: ignore[attr-defined]
     moved = [k for k in start if not torch.equal(start[k], reference[k])]
     assert moved, "the reference run did not train"
     # same float32 arithmetic in the same order: the weights agree to the bit (AdamW would turn any float
@@ -70,7 +70,7 @@ def test_modular_joint_ppo_matches_the_reference_on_a_tiny_budget(tmp_path: Path
     for key in start:
         assert torch.equal(ours[key], reference[key]), key
     # and the two policies compute the same function
-    model_a, model_b = load_policy(result.final_dir).model, load_policy(CKPT).model  # type: ignore[attr-defined]
+    model_a, model_b = load_policy_folder(result.final_dir).model, load_policy_folder(CKPT).model  # type: ignore[attr-defined]
     model_b.load_state_dict(reference)
     gen = torch.Generator().manual_seed(0)
     cfg = model_a.config
@@ -79,7 +79,7 @@ def test_modular_joint_ppo_matches_the_reference_on_a_tiny_budget(tmp_path: Path
         "state": torch.randn((3, cfg.state_dim), generator=gen),
         "prompt": ["reach the red target", "push the blue cube to the green goal", "open the drawer"],
     }
-    x = torch.randn((3, cfg.horizon, cfg.action_dim), generator=gen)
+    x = torch.randn((3, cfg.chunk_size, cfg.action_dim), generator=gen)
     with torch.no_grad():
         ca, cb = model_a.encode(batch), model_b.encode(batch)
         assert torch.allclose(model_a.velocity(x, 0.5, ca), model_b.velocity(x, 0.5, cb), atol=1e-5)

@@ -10,8 +10,9 @@ import pytest
 import tomllib
 import torch
 
-from cosmos_robot.policies import load_policy
+from cosmos_robot.policies import load_policy_folder
 from cosmos_robot.policies.flow import FlowPolicy
+from cosmos_robot.policies.flow.rl import FlowRLAdapter
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import read_metrics
 from cosmos_robot_trainers.launch import load_train_recipe
@@ -19,7 +20,6 @@ from cosmos_robot_trainers.rl import RLConfig, Rollout, episode_specs, run_rl
 from cosmos_robot_trainers.rl.advantage import dpo_pairs, episode_layout, group_advantages, ppo_advantages
 from cosmos_robot_trainers.rl.config import AlgoConfig
 from cosmos_robot_trainers.rl.learner import build_optimizer, update_policy_gradient
-from cosmos_robot_trainers.rl.policies import FlowRLPolicy
 from cosmos_robot_trainers.rl.rollout import TRAIN_SEED_BASE, RolloutWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def deterministic(record: dict) -> dict:
 def test_debug_recipe_runs_resumes_exactly_and_exports(algo: str, tmp_path: Path) -> None:
     full = run_rl(debug_config(algo, tmp_path / "full"), log=quiet)
     assert full.finished and full.iteration == 2
-    assert full.final_dir is not None and isinstance(load_policy(full.final_dir), FlowPolicy)
+    assert full.final_dir is not None and isinstance(load_policy_folder(full.final_dir), FlowPolicy)
     # killed after iteration 1 (its checkpoint written), then resumed by the same command
     cut = run_rl(debug_config(algo, tmp_path / "cut"), stop_at_iteration=1, log=quiet)
     assert cut.iteration == 1 and not cut.finished and cut.final_dir is None
@@ -80,8 +80,8 @@ def test_debug_recipe_runs_resumes_exactly_and_exports(algo: str, tmp_path: Path
     a, b = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "cut")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2]
     assert [deterministic(r) for r in a] == [deterministic(r) for r in b]
-    wa = load_policy(full.final_dir).model.state_dict()  # type: ignore[attr-defined]
-    wb = load_policy(resumed.final_dir).model.state_dict()  # type: ignore[attr-defined]
+    wa = load_policy_folder(full.final_dir).model.state_dict()  # type: ignore[attr-defined]
+    wb = load_policy_folder(resumed.final_dir).model.state_dict()  # type: ignore[attr-defined]
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     # each algorithm's update really ran (not skipped for lack of informative groups or pairs)
     loss_key = {"joint_ppo": "policy_loss", "grpo": "policy_loss", "nft": "nft_loss", "dpo": "dpo_loss"}[algo]
@@ -109,7 +109,7 @@ def test_flow_noise_ppo_ratio_is_one_and_entropy_logged(tmp_path: Path) -> None:
 def small_rollout() -> tuple[RLConfig, FlowPolicy, Rollout]:
     config = debug_config("joint_ppo", Path("/nonexistent"), "env.max_steps=15")
     policy = FlowPolicy.from_pretrained(CKPT)
-    worker = RolloutWorker(config, FlowRLPolicy(policy))
+    worker = RolloutWorker(config, FlowRLAdapter(policy))
     try:
         rollout = worker.collect(episode_specs(config, 0), seed=3)
     finally:
@@ -122,7 +122,7 @@ def test_rollout_records_whole_episodes(small_rollout: tuple[RLConfig, FlowPolic
     assert r.num_episodes == config.rollout.episodes_per_iter
     cfg = policy.config
     k = config.rollout.num_flow_steps
-    assert r.chain.shape == (r.num_decisions, k + 1, cfg.horizon, cfg.action_dim)  # type: ignore[operator]
+    assert r.chain.shape == (r.num_decisions, k + 1, cfg.chunk_size, cfg.action_dim)  # type: ignore[operator]
     images = r.inputs["images"]
     assert images.dtype == torch.uint8 and images.shape[1:] == (2, 3, cfg.image_size, cfg.image_size)
     assert r.inputs["state"].shape == (r.num_decisions, cfg.state_dim) and len(r.inputs["prompt"]) == r.num_decisions
@@ -144,34 +144,17 @@ def test_rollout_records_whole_episodes(small_rollout: tuple[RLConfig, FlowPolic
 def test_ratio_gate_can_fail(small_rollout: tuple[RLConfig, FlowPolicy, Rollout]) -> None:
     """Recomputing with another noise level than the rollout's must show up in the first-minibatch ratio."""
     config, policy, rollout = small_rollout
-    model = FlowPolicy.from_pretrained(CKPT).model
     adv = ppo_advantages(rollout, config.algo)
     gen = torch.Generator().manual_seed(0)
-    right = update_policy_gradient(
-        model,
-        build_optimizer(model, config),
-        rollout,
-        adv,
-        config,
-        gen,
-        sample_mode="flow_sde",
-        num_flow_steps=4,
-        noise_level=policy.config.noise_level,
-    )
-    assert right["ratio_dev_first_mb"] < 1e-3
-    model = FlowPolicy.from_pretrained(CKPT).model
-    wrong = update_policy_gradient(
-        model,
-        build_optimizer(model, config),
-        rollout,
-        adv,
-        config,
-        gen,
-        sample_mode="flow_sde",
-        num_flow_steps=4,
-        noise_level=2 * policy.config.noise_level,
-    )
-    assert wrong["ratio_dev_first_mb"] > 1e-2
+
+    def first_ratio_dev(noise_level: float) -> float:
+        model = FlowPolicy.from_pretrained(CKPT).model
+        optimizer = build_optimizer(model, config)
+        kwargs = {"sample_mode": "flow_sde", "num_flow_steps": 4, "noise_level": noise_level}
+        return update_policy_gradient(model, optimizer, rollout, adv, config, gen, **kwargs)["ratio_dev_first_mb"]
+
+    assert first_ratio_dev(policy.config.noise_level) < 1e-3
+    assert first_ratio_dev(2 * policy.config.noise_level) > 1e-2
 
 
 def _rollout(
@@ -295,7 +278,7 @@ def test_ray_rollout_workers_match_the_schedule(tmp_path: Path) -> None:
 def test_progress_shaping_telescopes_per_episode() -> None:
     """With shaping c, an episode's rewards sum to success + c * (phi_last - phi_first), within [-c, c] of it."""
     config = debug_config("joint_ppo", Path("/x"), "env.max_steps=15", "reward.shaping_coef=2.0")
-    worker = RolloutWorker(config, FlowRLPolicy(FlowPolicy.from_pretrained(CKPT)))
+    worker = RolloutWorker(config, FlowRLAdapter(FlowPolicy.from_pretrained(CKPT)))
     try:
         r = worker.collect(episode_specs(config, 0), seed=3)
     finally:

@@ -9,12 +9,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cosmos_robot.policies import load_policy
+from cosmos_robot.policies import load_policy_folder
 from cosmos_robot.policies.flow.sampling import sample_actions
 from cosmos_robot.policies.groot.policy import Gr00tPolicy
+from cosmos_robot.policies.groot.rl import Gr00tRLAdapter
 from cosmos_robot.policies.groot.tiny import build_tiny_groot
 from cosmos_robot_trainers.rl import run_rl
-from cosmos_robot_trainers.rl.policies import Gr00tRLPolicy
 from tests.policies._pi05_helpers import libero_obs
 from tests.trainers.test_rl import debug_config, deterministic, libero_overrides, quiet, read_metrics
 
@@ -33,12 +33,14 @@ def _config(folder: Path, out: Path, *extra: str):
 
 def test_ode_sampler_equals_groots_own_euler_loop(groot_folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """t -> 1 - t and v -> -v: the shared sampler's ODE chunk is GR00T's get_action from the same noise."""
-    served = load_policy(groot_folder)
+    served = load_policy_folder(groot_folder)
     assert isinstance(served, Gr00tPolicy)
-    rl = Gr00tRLPolicy(served)
+    rl = Gr00tRLAdapter(served)
     model = rl.model.eval()
     wire = [libero_obs(0), libero_obs(1)]
-    noise = torch.randn((2, model.config.horizon, model.config.action_dim), generator=torch.Generator().manual_seed(0))
+    noise = torch.randn(
+        (2, model.config.chunk_size, model.config.action_dim), generator=torch.Generator().manual_seed(0)
+    )
     with torch.no_grad():
         ours = sample_actions(model, model.encode(rl.model_inputs(wire)), "ode", noise=noise).actions
         processed = served.preprocessor(served.io.batch(wire))
@@ -52,7 +54,7 @@ def test_ode_sampler_equals_groots_own_euler_loop(groot_folder: Path, monkeypatc
 def test_groot_debug_recipe_trains_resumes_exactly_and_exports(groot_folder: Path, tmp_path: Path) -> None:
     full = run_rl(_config(groot_folder, tmp_path / "full"), log=quiet)
     assert full.finished and full.final_dir is not None
-    assert isinstance(load_policy(full.final_dir), Gr00tPolicy)
+    assert isinstance(load_policy_folder(full.final_dir), Gr00tPolicy)
     records = read_metrics(tmp_path / "full")
     for r in records:
         assert r["ratio_dev_first_mb"] < 1e-3 and r["policy_loss"] != 0.0 and r["value_loss"] > 0.0
@@ -95,7 +97,21 @@ def test_libero_recipe_runs_on_the_real_libero(groot_folder: Path, tmp_path: Pat
     )
     _, config = load_train_recipe("joint_ppo_groot_libero_spatial", small)
     result = run_rl(config, log=quiet)
-    assert result.final_dir is not None and isinstance(load_policy(result.final_dir), Gr00tPolicy)
+    assert result.final_dir is not None and isinstance(load_policy_folder(result.final_dir), Gr00tPolicy)
     (record,) = read_metrics(tmp_path)
     assert record["ratio_dev_first_mb"] < 1e-3
     assert record["env_steps"] == 20 and record["decisions"] == 4
+
+
+@pytest.mark.slow
+def test_debug_recipe_runs_as_typed_and_builds_its_tiny_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`cosmos-robot train debug_joint_ppo_groot` needs no command before it: init = "tiny:groot"."""
+    from cosmos_robot_trainers.launch import load_train_recipe
+
+    monkeypatch.setenv("COSMOS_ROBOT_TINY_DIR", str(tmp_path / "tiny"))
+    _, config = load_train_recipe("debug_joint_ppo_groot", [f"output.dir={json.dumps(str(tmp_path / 'run'))}"])
+    assert config.init == "tiny:groot"
+    logs: list[str] = []
+    result = run_rl(config, stop_at_iteration=1, log=logs.append)
+    assert result.iteration == 1 and (tmp_path / "tiny" / "groot" / "policy" / "config.json").is_file()
+    assert any("building a tiny random groot checkpoint" in line for line in logs)

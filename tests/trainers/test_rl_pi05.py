@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cosmos_robot.policies import load_policy
+from cosmos_robot.policies import load_policy_folder
 from cosmos_robot.policies.pi05.policy import Pi05Policy
 from cosmos_robot_trainers.rl import run_rl
 from tests.trainers.test_rl import ROOT, debug_config, deterministic, libero_overrides, quiet, read_metrics
@@ -27,7 +27,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 def test_pi05_debug_recipe_trains_resumes_exactly_and_exports(tmp_path: Path) -> None:
     full = run_rl(debug_config("joint_ppo_pi05", tmp_path / "full"), log=quiet)
     assert full.finished and full.final_dir is not None
-    assert isinstance(load_policy(full.final_dir), Pi05Policy)  # a LeRobot pi05 folder again
+    assert isinstance(load_policy_folder(full.final_dir), Pi05Policy)  # a LeRobot pi05 folder again
     records = read_metrics(tmp_path / "full")
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
@@ -75,7 +75,7 @@ def test_libero_recipe_runs_on_the_real_libero(tmp_path: Path) -> None:
     small = libero_overrides(INIT, tmp_path, "pick_up_the_black_bowl_on_the_ramekin_and_place_it_on_the_plate")
     _, config = load_train_recipe("joint_ppo_pi05_libero_spatial", small)
     result = run_rl(config, log=quiet)
-    assert result.final_dir is not None and isinstance(load_policy(result.final_dir), Pi05Policy)
+    assert result.final_dir is not None and isinstance(load_policy_folder(result.final_dir), Pi05Policy)
     (record,) = read_metrics(tmp_path)
     assert record["ratio_dev_first_mb"] < 1e-3
     assert record["env_steps"] == 20 and record["decisions"] == 4  # 2 episodes x 10 steps, chunks of 5

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from cosmos_robot.config import ConfigError
-from cosmos_robot.policies import load_policy
+from cosmos_robot.policies import load_policy_folder
 from cosmos_robot_trainers.common import (
     EpochBatchSampler,
     MetricsLogger,
@@ -111,7 +111,7 @@ def test_outputs_and_final_policy_answers_infer(demo_root: Path, tmp_path: Path)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_000010", "step_000020"]
     assert json.loads((out / "config.resolved.json").read_text())["train"]["steps"] == 20
 
-    policy = load_policy(result.final_dir)
+    policy = load_policy_folder(result.final_dir)
     rng = np.random.default_rng(0)
     obs = {
         "observation/image": rng.integers(0, 255, (48, 48, 3), dtype=np.uint8),  # any size: resized to 32
@@ -163,7 +163,7 @@ def test_recipe_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match="unknown trainer 'sfx'; did you mean 'sft'"):
         load_train_recipe("debug", ["trainer=sfx"])
     _, full = load_train_recipe("sft_flow_tabletop")
-    assert full.model.horizon == 10 and full.data.record_if_missing
+    assert full.model.chunk_size == 10 and full.data.record_if_missing
 
 
 def test_max_episodes_per_task_keeps_the_first_episodes_of_each_task(demo_root: Path, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from cosmos_robot.policies import CheckpointError, load_policy
+from cosmos_robot.policies import CheckpointError, load_policy_folder
 from cosmos_robot.policies.pi05.policy import Pi05Policy
 from cosmos_robot_trainers.common import read_metrics
 from cosmos_robot_trainers.launch import load_train_recipe
@@ -44,7 +44,7 @@ def test_pi05_sft_learns_resumes_exactly_and_exports_a_lerobot_folder(demo_root:
     losses = [r["loss"] for r in read_metrics(tmp_path / "long")]
     assert losses[-1] < 0.75 * losses[0], losses  # it fits the demonstrations
     assert long.final_dir is not None
-    policy = load_policy(long.final_dir)
+    policy = load_policy_folder(long.final_dir)
     assert isinstance(policy, Pi05Policy)
     assert policy.infer(libero_obs(0))["actions"].shape == (5, 7)
     # the exported processors carry the data's stats, not the starting checkpoint's
@@ -69,11 +69,13 @@ def test_pi05_sft_learns_resumes_exactly_and_exports_a_lerobot_folder(demo_root:
 
 def test_init_and_model_table_together_is_an_error() -> None:
     with pytest.raises(ValueError, match="either `init`.*or a \\[model\\] table"):
-        load_train_recipe("debug_sft_pi05", ["model.horizon=4"])
+        load_train_recipe("debug_sft_pi05", ["model.chunk_size=4"])
 
 
 def test_init_must_be_a_pi05_folder(demo_root: Path, tmp_path: Path) -> None:
     config = pi05_config(demo_root, tmp_path, f"init={json.dumps(str(ROOT / 'checkpoints' / 'flow_tabletop'))}")
-    with pytest.raises(CheckpointError, match="is a 'flow' checkpoint; SFT fine-tunes pi05 folders"):
+    with pytest.raises(
+        CheckpointError, match="is a flow checkpoint; SFT trains a new flow policy from a \\[model\\] table"
+    ):
         run_sft(config, log=quiet)
     assert not tmp_path.joinpath("config.json").exists()  # no run folder content was written

@@ -1,9 +1,10 @@
 """``ActionChunkBroker``: turn a chunk-predicting policy into a per-step policy.
 
-A VLA predicts H future actions per call; a robot loop wants one action per control tick. The
-broker calls the wrapped policy only when its cached chunk is used up (after ``action_horizon``
-steps, the open-loop horizon) and hands out ``x[step]`` of every array leaf in between, so a
-50 Hz loop with horizon 10 makes 5 requests per second. Unlike openpi's broker it checks that the
+A VLA predicts ``chunk_size`` future actions per call; a robot loop wants one action per control
+tick. The broker calls the wrapped policy only when its cached chunk is used up (after
+``action_horizon`` steps: openpi's name, kept for its callers, for what we call ``replan_steps``)
+and hands out ``x[step]`` of every array leaf in between, so a 50 Hz loop replanning every 10 steps
+makes 5 requests per second. Unlike openpi's broker it checks that the
 chunk is long enough (a server with a shorter chunk is a clear error, not an IndexError) and
 passes non-array leaves (timings, strings) through unchanged.
 """

@@ -33,7 +33,7 @@ class BasePolicy(abc.ABC):
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """Facts a client may need (action horizon, action space, expected keys); msgpack-able."""
+        """Facts a client may need (``action_horizon``, action space, expected keys); msgpack-able."""
         return {}
 
     @property

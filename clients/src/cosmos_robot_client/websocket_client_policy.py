@@ -5,7 +5,10 @@ Drop-in for openpi's ``WebsocketClientPolicy`` (same constructor head, ``infer``
 lacks:
 
 - a connect deadline with exponential backoff (the server may still be loading a checkpoint),
-  ending in a ``ConnectionError`` that names the URL and the last error;
+  ending in a ``ConnectionError`` that names the URL and the last error; ``refused_timeout_s``
+  gives up sooner when the first connection is refused (nothing listens there: a wrong port, or no
+  server started), which a person at a command line wants to hear at once (reconnects after a
+  dropped connection keep the full deadline: that server may be restarting);
 - a per-request timeout: the protocol is strict lockstep without request ids, so after a timeout
   the connection is discarded (a late reply would otherwise answer the next request);
 - reconnect after a dropped connection, transparently retrying an ``infer`` once (inference is
@@ -77,9 +80,12 @@ class WebsocketClientPolicy(BasePolicy):
         retry_on_disconnect: bool = True,  # resend an infer once over a fresh connection after a drop
         ssl_context: SSLContext | None = None,  # for wss:// (None = system defaults)
         connect: bool = True,  # connect now (like openpi) rather than on the first call
+        refused_timeout_s: float | None = None,  # first connection: give up this soon when refused; None: deadline
     ) -> None:
         if connect_timeout_s <= 0:
             raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+        if refused_timeout_s is not None and refused_timeout_s < 0:
+            raise ValueError(f"refused_timeout_s must be >= 0 or None, got {refused_timeout_s}")
         if request_timeout_s is not None and request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0 or None, got {request_timeout_s}")
         self.url = build_url(host, port)
@@ -87,6 +93,7 @@ class WebsocketClientPolicy(BasePolicy):
             raise ValueError(f"ssl_context given but {self.url} is not a wss:// URL")
         self._api_key = api_key
         self.connect_timeout_s = connect_timeout_s
+        self.refused_timeout_s = refused_timeout_s
         self.request_timeout_s = request_timeout_s
         self.ping_interval_s = ping_interval_s
         self.ping_timeout_s = ping_timeout_s
@@ -97,6 +104,7 @@ class WebsocketClientPolicy(BasePolicy):
         self._lock = threading.Lock()  # one request in flight per connection (lockstep protocol)
         self._ws: ClientConnection | None = None
         self._metadata: dict[str, Any] = {}
+        self._ever_connected = False
         if connect:
             with self._lock:
                 self._connect()
@@ -225,7 +233,8 @@ class WebsocketClientPolicy(BasePolicy):
             kwargs.update(ping_interval=self.ping_interval_s, ping_timeout=self.ping_timeout_s)
         if self._ssl is not None:
             kwargs["ssl"] = self._ssl
-        deadline = time.monotonic() + self.connect_timeout_s
+        start = time.monotonic()
+        deadline = start + self.connect_timeout_s
         delay = 0.05
         attempts = 0
         while True:
@@ -258,8 +267,20 @@ class WebsocketClientPolicy(BasePolicy):
                     last = exc
                 else:
                     self._ws, self._metadata = ws, self._parse_metadata(ws, first)
+                    self._ever_connected = True
                     return
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            if (
+                isinstance(last, ConnectionRefusedError)
+                and self.refused_timeout_s is not None
+                and not self._ever_connected
+                and now - start >= self.refused_timeout_s
+            ):
+                raise ConnectionError(
+                    f"could not connect to {self.url}: connection refused (nothing is listening there; "
+                    "is the server running, and on this port?)"
+                ) from last
+            remaining = deadline - now
             if remaining <= 0:
                 raise ConnectionError(
                     f"could not connect to {self.url} within connect_timeout_s={self.connect_timeout_s} "

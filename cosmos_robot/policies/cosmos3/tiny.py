@@ -94,6 +94,11 @@ def build_tiny_cosmos3(
     return root
 
 
+def write_tiny(out: str | Path, seed: int = 0) -> Path:
+    """The tiny Cosmos3 pipeline (DROID embodiment) written to ``out``."""
+    return build_tiny_cosmos3(out, seed=seed)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="write a tiny random Cosmos3 policy pipeline (diffusers folder)")
     ap.add_argument("out", type=Path)

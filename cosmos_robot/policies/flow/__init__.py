@@ -9,16 +9,16 @@
 
 SFT (state and actions normalised with the stats the policy will carry; see ``FlowModel``'s docstring)::
 
-    model = FlowModel(FlowConfig(image_size=64, horizon=10))
+    model = FlowModel(FlowConfig(image_size=64, chunk_size=10))
     loss, metrics = model.flow_loss(batch, generator=gen)  # images, state, text_ids/offsets, actions, pad mask
     FlowPolicy(model, {"state": state_stats, "actions": action_stats}).save_pretrained("ckpt/")
 
 RL (store ``chain`` and ``sde_step`` with the rollout; recompute under the current weights)::
 
     context = model.encode(batch)
-    res = sample_actions(model, context, "flow_sde", generator=gen, horizon=executed_steps)
+    res = sample_actions(model, context, "flow_sde", generator=gen, replan_steps=replan_steps)
     value = model.value(context)
-    new = recompute_log_prob(model, model.encode(batch), res.chain, "flow_sde", res.sde_step, horizon=executed_steps)
+    new = recompute_log_prob(model, model.encode(batch), res.chain, "flow_sde", res.sde_step, replan_steps=replan_steps)
     ratio = torch.exp(new.log_prob - res.log_prob)
 """
 

@@ -8,7 +8,7 @@ naming the field, not as a shape error deep in a forward pass. Field comments gi
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -30,7 +30,7 @@ class FlowConfig(StrictModel):
         default=8, ge=1
     )  # proprioceptive state length (tabletop: eef pos 3, axis-angle 3, fingers 2)
     action_dim: int = Field(default=7, ge=1)  # action length per step (tabletop: dpos 3, drot 3, gripper 1)
-    horizon: int = Field(default=10, ge=1)  # H: action-chunk length predicted per call (steps)
+    chunk_size: int = Field(default=10, ge=1)  # H: action rows the model predicts per call (steps; was `horizon`)
     num_flow_steps: int = Field(default=10, ge=1)  # K: Euler steps of the denoising ODE (serving) and of SDE rollouts
 
     # --- vision encoder (shared across cameras) --------------------------------------------------
@@ -68,6 +68,21 @@ class FlowConfig(StrictModel):
     serve_noise: Literal["fixed", "zero", "random"] = "fixed"  # serving x_1: seeded, all-zero, or fresh each call
     serve_seed: int = 0  # seed of the fixed serving noise (identical inputs -> identical actions)
     seed: int = 0  # weight-initialisation seed (FlowModel(config) is deterministic)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_horizon(cls, data: Any) -> Any:
+        """Folders and recipes written before issue 14 call ``chunk_size`` ``horizon``: read it as such."""
+        if not isinstance(data, dict) or "horizon" not in data:
+            return data
+        if "chunk_size" in data:
+            raise ValueError(
+                f"both 'chunk_size' ({data['chunk_size']!r}) and its old name 'horizon' ({data['horizon']!r}) "
+                "are set; keep only 'chunk_size'"
+            )
+        data = dict(data)
+        data["chunk_size"] = data.pop("horizon")
+        return data
 
     @field_validator("cameras")
     @classmethod

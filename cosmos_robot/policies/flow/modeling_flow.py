@@ -34,6 +34,7 @@ from torch import nn
 
 from cosmos_robot.policies.flow.configuration_flow import FlowConfig
 from cosmos_robot.policies.flow.text import encode_prompts
+from cosmos_robot.policies.interfaces import RLModel
 
 __all__ = ["FlowModel", "draw_rand", "draw_randn", "time_embedding"]
 
@@ -126,7 +127,7 @@ class FiLMBlock(nn.Module):
         return h + self.fc2(F.gelu(self.fc1(self.norm(h) * (1.0 + scale) + shift)))
 
 
-class FlowModel(nn.Module):
+class FlowModel(RLModel):
     """Encoder + trunk + action expert + value head + bounded noise head (see the module docstring).
 
     Batches are dicts of tensors:
@@ -140,11 +141,13 @@ class FlowModel(nn.Module):
       something plausible (LeRobot repeats the last real action, which is what we want).
     """
 
+    config: FlowConfig
+
     def __init__(self, config: FlowConfig) -> None:
         super().__init__()
         self.config = config
         cfg = config
-        chunk = cfg.horizon * cfg.action_dim
+        chunk = cfg.chunk_size * cfg.action_dim
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)  # the same config builds the same initial weights
             self.image_encoder = ImageEncoder(cfg)
@@ -221,7 +224,7 @@ class FlowModel(nn.Module):
         cfg = self.config
         lo, hi = math.log(cfg.noise_std_min), math.log(cfg.noise_std_max)
         z = torch.tanh(self.noise_head(features))
-        return torch.exp(lo + (hi - lo) * 0.5 * (z + 1.0)).reshape(-1, cfg.horizon, cfg.action_dim)
+        return torch.exp(lo + (hi - lo) * 0.5 * (z + 1.0)).reshape(-1, cfg.chunk_size, cfg.action_dim)
 
     # --- training --------------------------------------------------------------------------------
     def sample_time(self, n: int, generator: torch.Generator | None = None, device: Any = None) -> torch.Tensor:
@@ -244,7 +247,7 @@ class FlowModel(nn.Module):
         """
         cfg = self.config
         actions = batch["actions"]
-        want = (cfg.horizon, cfg.action_dim)
+        want = (cfg.chunk_size, cfg.action_dim)
         if actions.ndim != 3 or tuple(actions.shape[1:]) != want:
             raise ValueError(f"actions: expected shape (B, {want[0]}, {want[1]}), got {tuple(actions.shape)}")
         context = self.encode(batch)
@@ -258,7 +261,7 @@ class FlowModel(nn.Module):
         pad = batch.get("action_pad_mask")
         if pad is None:
             loss = err.mean()
-            real = float(b * cfg.horizon)
+            real = float(b * cfg.chunk_size)
         else:
             keep = (~pad.to(a.device).bool()).float()[:, :, None]
             real = float(keep.sum())

@@ -142,7 +142,7 @@ class FlowPolicy(BatchPolicy):
         cfg = self.config
         return {
             "type": "flow",
-            "action_horizon": cfg.horizon,
+            "action_horizon": cfg.chunk_size,
             "action_dim": cfg.action_dim,
             "state_dim": cfg.state_dim,
             "image_size": cfg.image_size,
@@ -182,7 +182,7 @@ class FlowPolicy(BatchPolicy):
     def serving_noise(self, batch: int) -> torch.Tensor | None:
         """The ODE start x_1 for ``batch`` observations under ``config.serve_noise`` (None: fresh draws)."""
         cfg = self.config
-        shape = (batch, cfg.horizon, cfg.action_dim)
+        shape = (batch, cfg.chunk_size, cfg.action_dim)
         if cfg.serve_noise == "zero":
             return torch.zeros(shape)
         if cfg.serve_noise == "fixed":

@@ -16,8 +16,8 @@ section 1.2), with x0_hat = x_t - t v and x1_hat = x_t + (1 - t) v:
 - ``flow_noise``: every step stochastic with the ODE mean and the learned bounded std
   (``model.noise_std``); log-prob = mean over the K + 1 terms [log N(x_0; 0, I), log N(x_1 | x_0), ...].
 
-Log-probs are summed over the executed slice ``[:horizon, :dims]`` of the chunk (chunk-level, one
-ratio per decision); ``dim_log_prob`` keeps the per-element values for action- or token-level ratios.
+Log-probs are summed over the executed slice ``[:replan_steps, :dims]`` of the chunk (chunk-level,
+one ratio per decision); ``dim_log_prob`` keeps the per-element values for action- or token-level ratios.
 Zero-std coordinates contribute 0, as in RLinf. Everything is float32.
 """
 
@@ -49,7 +49,7 @@ class FlowSampler(Protocol):
     """What the samplers need from a model (``FlowModel``, ``Pi05RLModel``): sizes, the velocity and
     features at per-sample times (``expert``), and the Flow-Noise std head."""
 
-    config: Any  # .horizon, .action_dim (chain width), .num_flow_steps, .noise_level
+    config: Any  # .chunk_size (chain rows), .action_dim (chain width), .num_flow_steps, .noise_level
 
     def expert(self, x: torch.Tensor, t: torch.Tensor, context: Any) -> tuple[torch.Tensor, Any]: ...
 
@@ -64,9 +64,9 @@ _LOG_2PI = math.log(2.0 * math.pi)
 class LogProbResult:
     """Log-probabilities of stored transitions (``recompute_log_prob``)."""
 
-    log_prob: torch.Tensor  # (B,) chunk-level: summed over the [:horizon, :dims] slice
+    log_prob: torch.Tensor  # (B,) chunk-level: summed over the [:replan_steps, :dims] slice
     step_log_probs: torch.Tensor  # (B, K) per transition (flow_sde: 0 except the SDE step); flow_noise (B, K + 1)
-    dim_log_prob: torch.Tensor  # (B, horizon, dims) per element (flow_noise: mean over the K + 1 terms)
+    dim_log_prob: torch.Tensor  # (B, replan_steps, dims) per element (flow_noise: mean over the K + 1 terms)
     entropy: torch.Tensor  # (B,) Gaussian entropy of the stochastic transitions (flow_noise: mean over steps)
 
 
@@ -74,8 +74,8 @@ class LogProbResult:
 class SampleResult(LogProbResult):
     """A sampled chunk with everything PPO must store to recompute its log-prob."""
 
-    actions: torch.Tensor  # (B, H, D) normalised actions (x at t = 0)
-    chain: torch.Tensor  # (B, K + 1, H, D) x at t_0 = 1 (noise) ... t_K = 0
+    actions: torch.Tensor  # (B, chunk_size, D) normalised actions (x at t = 0)
+    chain: torch.Tensor  # (B, K + 1, chunk_size, D) x at t_0 = 1 (noise) ... t_K = 0
     sde_step: torch.Tensor  # (B,) int64 index j of the stochastic Flow-SDE step; -1 for ode / flow_noise
 
 
@@ -132,17 +132,22 @@ def _transition(
     return mean, torch.zeros_like(x)
 
 
-def _check(mode: str, num_steps: int, model: FlowSampler, horizon: int | None, dims: int | None) -> tuple[int, int]:
-    """Validate the arguments; return the executed slice ``(h, d)`` of the chunk."""
+def _check(
+    mode: str, num_steps: int, model: FlowSampler, replan_steps: int | None, dims: int | None
+) -> tuple[int, int]:
+    """Validate the arguments; return the executed slice ``(h, d)`` of the chunk: ``h`` of its
+    ``chunk_size`` rows (``replan_steps``), ``d`` of its ``action_dim`` columns."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {list(_MODES)}, got {mode!r}")
     if num_steps < 1:
         raise ValueError(f"num_steps must be at least 1, got {num_steps}")
     cfg = model.config
-    h = cfg.horizon if horizon is None else horizon
+    h = cfg.chunk_size if replan_steps is None else replan_steps
     d = cfg.action_dim if dims is None else dims
-    if not 1 <= h <= cfg.horizon:
-        raise ValueError(f"horizon must be in [1, {cfg.horizon}] (the executed steps of the chunk), got {h}")
+    if not 1 <= h <= cfg.chunk_size:
+        raise ValueError(
+            f"replan_steps must be in [1, chunk_size={cfg.chunk_size}] (the executed steps of the chunk), got {h}"
+        )
     if not 1 <= d <= cfg.action_dim:
         raise ValueError(f"dims must be in [1, {cfg.action_dim}] (the real action dims), got {d}")
     return h, d
@@ -158,22 +163,22 @@ def sample_actions(
     noise_level: float | None = None,
     sde_step: int | None = None,
     noise: torch.Tensor | None = None,
-    horizon: int | None = None,
+    replan_steps: int | None = None,
     dims: int | None = None,
 ) -> SampleResult:
     """Denoise from ``noise`` (default: N(0, I) drawn from ``generator``) to an action chunk.
 
     ``num_steps`` defaults to ``config.num_flow_steps`` and ``noise_level`` to ``config.noise_level``;
-    ``sde_step`` fixes the Flow-SDE step (else drawn from ``generator``); ``horizon``/``dims`` slice
-    the log-probs to the executed steps and real action dims (default: the whole chunk). Runs
+    ``sde_step`` fixes the Flow-SDE step (else drawn from ``generator``); ``replan_steps``/``dims``
+    slice the log-probs to the executed steps and real action dims (default: the whole chunk). Runs
     without gradients: recompute log-probs for training with ``recompute_log_prob``.
     """
     cfg = model.config
     k_steps = num_steps if num_steps is not None else cfg.num_flow_steps
-    h, d = _check(mode, k_steps, model, horizon, dims)
+    h, d = _check(mode, k_steps, model, replan_steps, dims)
     a = noise_level if noise_level is not None else cfg.noise_level
     b, device = context.shape[0], context.device
-    shape = (b, cfg.horizon, cfg.action_dim)
+    shape = (b, cfg.chunk_size, cfg.action_dim)
     x = noise.to(device).float() if noise is not None else draw_randn(shape, generator, device)
     if tuple(x.shape) != shape:
         raise ValueError(f"noise: expected shape {shape}, got {tuple(x.shape)}")
@@ -236,20 +241,22 @@ def recompute_log_prob(
     mode: SampleMode,
     sde_step: torch.Tensor | int | None = None,
     noise_level: float | None = None,
-    horizon: int | None = None,
+    replan_steps: int | None = None,
     dims: int | None = None,
 ) -> LogProbResult:
-    """Log-probs of a stored ``chain`` (B, K + 1, H, D) under the current parameters (with gradients).
+    """Log-probs of a stored ``chain`` (B, K + 1, chunk_size, D) under the current parameters (with gradients).
 
     ``flow_sde`` re-evaluates only transition ``sde_step`` (an int or a per-sample (B,) tensor, so
     minibatches may mix rollouts); ``flow_noise`` re-evaluates all K transitions in one batched
-    expert call plus the prior term. Same ``noise_level``/``horizon``/``dims`` as at sampling time.
+    expert call plus the prior term. Same ``noise_level``/``replan_steps``/``dims`` as at sampling time.
     """
     cfg = model.config
-    if chain.ndim != 4 or tuple(chain.shape[2:]) != (cfg.horizon, cfg.action_dim) or chain.shape[1] < 2:
-        raise ValueError(f"chain: expected shape (B, K + 1, {cfg.horizon}, {cfg.action_dim}), got {tuple(chain.shape)}")
+    if chain.ndim != 4 or tuple(chain.shape[2:]) != (cfg.chunk_size, cfg.action_dim) or chain.shape[1] < 2:
+        raise ValueError(
+            f"chain: expected shape (B, K + 1, {cfg.chunk_size}, {cfg.action_dim}), got {tuple(chain.shape)}"
+        )
     b, k_steps = chain.shape[0], chain.shape[1] - 1
-    h, d = _check(mode, k_steps, model, horizon, dims)
+    h, d = _check(mode, k_steps, model, replan_steps, dims)
     a = noise_level if noise_level is not None else cfg.noise_level
     device = context.device
     chain = chain.to(device).float()

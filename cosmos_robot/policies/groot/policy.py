@@ -31,10 +31,9 @@ from cosmos_robot.policies.cuda_graphs import GraphCache, GraphCaptureError, buc
 from cosmos_robot.policies.groot.backbone import FastQwen3Backbone, supports_fast_backbone
 from cosmos_robot.policies.groot.fast import chunk_from_inputs, euler_loop
 from cosmos_robot.policies.groot.processing import install_caching_processor
-from cosmos_robot.policies.lerobot_io import LeRobotIO
+from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy
 from cosmos_robot.policies.registry import CheckpointError, read_json, require_files, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
-from cosmos_robot_client.spec import InputSpec
 
 __all__ = ["Gr00tPolicy"]
 
@@ -43,7 +42,7 @@ log = logging.getLogger(__name__)
 REQUIRED_FILES = ("config.json", "model.safetensors", "policy_preprocessor.json", "policy_postprocessor.json")
 
 
-class Gr00tPolicy(BatchPolicy):
+class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
     """Serve a GR00T N1.7 folder: ``infer_batch(list of obs) -> [{"actions": float32 (H, D)}]``."""
 
     def __init__(
@@ -152,13 +151,6 @@ class Gr00tPolicy(BatchPolicy):
             "cameras": list(self.io.camera_keys),
             "expected_keys": self.io.expected_keys,
         }
-
-    @property
-    def input_spec(self) -> InputSpec:
-        return self.io.spec
-
-    def example_observation(self) -> dict[str, Any]:
-        return self.io.example()
 
     def reset(self) -> None:
         self.policy.reset()

@@ -20,16 +20,21 @@ Euler step (a test checks the ODE chunk against ``get_action``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from cosmos_robot.policies.groot.fast import dit_velocity
+from cosmos_robot.policies.groot.policy import Gr00tPolicy
+from cosmos_robot.policies.interfaces import ModelInputs, RLAdapter, RLModel
 from cosmos_robot.policies.rl_heads import FlowSpec, openpi_flow_time, value_head
+from cosmos_robot_client.base_policy import BatchPolicy
 
-__all__ = ["Gr00tContext", "Gr00tRLModel"]
+__all__ = ["Gr00tContext", "Gr00tRLAdapter", "Gr00tRLModel"]
 
 
 @dataclass
@@ -50,7 +55,7 @@ class Gr00tContext:
         raise ValueError("GR00T has no learned noise head: Flow-Noise is not available (use flow_sde)")
 
 
-class Gr00tRLModel(nn.Module):
+class Gr00tRLModel(RLModel):
     """LeRobot's ``GR00TN17`` plus a value head, behind the flow samplers' interface."""
 
     def __init__(
@@ -71,7 +76,7 @@ class Gr00tRLModel(nn.Module):
         self.action_dims = action_dims
         self.freeze_vlm = freeze_vlm
         self.config = FlowSpec(
-            horizon=int(head.action_horizon),
+            chunk_size=int(head.action_horizon),  # GR00T calls the chunk rows action_horizon
             action_dim=int(head.action_dim),
             num_flow_steps=int(head.num_inference_timesteps),
             noise_level=noise_level,
@@ -93,7 +98,7 @@ class Gr00tRLModel(nn.Module):
         return self
 
     # --- the flow-sampler interface ------------------------------------------------------------------
-    def encode(self, batch: dict[str, Any]) -> Gr00tContext:
+    def encode(self, batch: Mapping[str, Any]) -> Gr00tContext:
         """``batch``: ``images`` uint8 (B, cams, 3, H, W) in ``camera_keys`` order, ``observation.state``, ``task``."""
         raw = {k: v for k, v in batch.items() if k != "images"}
         images = batch["images"]
@@ -146,3 +151,42 @@ class Gr00tRLModel(nn.Module):
 
     def sample_time(self, n: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
         return openpi_flow_time(n, generator, device)
+
+
+class Gr00tRLAdapter(RLAdapter):
+    """A LeRobot GR00T N1.7 folder made trainable: ``Gr00tRLModel`` (value head; optional frozen backbone)."""
+
+    model: Gr00tRLModel
+
+    def __init__(self, policy: BatchPolicy, *, noise_level: float | None = None, freeze_vlm: bool = False) -> None:
+        if not isinstance(policy, Gr00tPolicy):
+            raise TypeError(f"Gr00tRLAdapter: expected a Gr00tPolicy, got {type(policy).__name__}")
+        self.policy = policy
+        self.action_dims = policy.action_dim
+        noise = 0.5 if noise_level is None else noise_level
+        self.model = Gr00tRLModel(policy.policy, policy.preprocessor, policy.action_dim, noise, freeze_vlm)
+
+    @staticmethod
+    def load_policy(path: str, device: torch.device | str) -> BatchPolicy:
+        return Gr00tPolicy.from_pretrained(path, device=device)
+
+    def model_inputs(self, wire: Sequence[Mapping[str, Any]]) -> ModelInputs:
+        raw = self.policy.io.batch([dict(w) for w in wire])  # LeRobot keys; cameras float in [0, 1] from uint8
+        cams = [(raw.pop(k) * 255.0).round().to(torch.uint8) for k in self.model.camera_keys]
+        return {"images": torch.stack(cams, dim=1), **raw}
+
+    def env_actions(self, chunks: torch.Tensor) -> np.ndarray:
+        steps = int(self.policy.policy.config.n_action_steps)
+        acts = chunks[:, :steps, : self.action_dims].to(next(self.model.parameters()).dtype)
+        with torch.no_grad():
+            out = self.policy.postprocessor(acts)
+        return np.asarray(out.float().cpu().numpy(), dtype=np.float32)
+
+    def servable(self, model: RLModel) -> BatchPolicy:
+        if not isinstance(model, Gr00tRLModel):
+            raise TypeError(f"Gr00tRLAdapter.servable: expected a Gr00tRLModel, got {type(model).__name__}")
+        return Gr00tPolicy(model._policy[0], self.policy.preprocessor, self.policy.postprocessor)
+
+    def set_num_flow_steps(self, steps: int) -> None:
+        super().set_num_flow_steps(steps)
+        self.model.groot.action_head.num_inference_timesteps = steps

@@ -41,7 +41,7 @@ class GrootSize:
     base: dict[str, Any]  # GR00TN17Config fields (the rest: LeRobot's defaults, the released N1.7)
     image: int  # GR00T's image_target_size side
     max_dim: int  # max state/action dim
-    horizon: int  # action chunk
+    chunk_size: int  # action rows per call (GR00T's action_horizon, LeRobot's chunk_size)
     vocab_size: int | None = None  # None: the built tokenizer's length
 
 
@@ -60,7 +60,7 @@ SIZES: dict[str, GrootSize] = {
             "vl_self_attention_cfg": {"positional_embeddings": None, "num_layers": 1, "num_attention_heads": 2,
                                       "attention_head_dim": 32, "dropout": 0.0, "final_dropout": True},
         },
-        image=64, max_dim=16, horizon=16,
+        image=64, max_dim=16, chunk_size=16,
     ),
     # GR00T N1.7-3B: Cosmos-Reason2-2B (Qwen3-VL-2B) cut at layer 16, LeRobot's default action head
     "released": GrootSize(
@@ -70,7 +70,7 @@ SIZES: dict[str, GrootSize] = {
                 "num_position_embeddings": 2304, "deepstack_visual_indexes": [5, 11, 17],
                 "hidden_act": "gelu_pytorch_tanh"},
         base={"select_layer": 16},
-        image=256, max_dim=132, horizon=40, vocab_size=151936,
+        image=256, max_dim=132, chunk_size=40, vocab_size=151936,
     ),
 }  # fmt: skip
 STATE_GROUPS = {"x_y_z": 3, "roll_pitch_yaw": 3, "gripper": 2}  # LIBERO: eef pos, axis-angle, 2 finger joints
@@ -185,7 +185,7 @@ def _base(path: Path, backbone: Path, seed: int, size: GrootSize) -> Path:
         backbone_embedding_dim=size.text["hidden_size"],
         max_state_dim=size.max_dim,
         max_action_dim=size.max_dim,
-        action_horizon=size.horizon,
+        action_horizon=size.chunk_size,
         max_num_embodiments=32,
         image_target_size=[img, img],
         image_crop_size=[int(img * 0.9), int(img * 0.9)],
@@ -198,7 +198,7 @@ def _base(path: Path, backbone: Path, seed: int, size: GrootSize) -> Path:
         "video": {"delta_indices": [0], "modality_keys": VIDEO_KEYS},
         "state": {"delta_indices": [0], "modality_keys": list(STATE_GROUPS)},
         "action": {
-            "delta_indices": list(range(size.horizon)),
+            "delta_indices": list(range(size.chunk_size)),
             "modality_keys": list(ACTION_GROUPS),
             "action_configs": [{"rep": "absolute", "type": "non_eef", "format": "default"} for _ in ACTION_GROUPS],
         },
@@ -219,7 +219,7 @@ def _base(path: Path, backbone: Path, seed: int, size: GrootSize) -> Path:
             "use_relative_action": False,
             "clip_outliers": True,
             "state_dropout_prob": 0.0,
-            "max_action_horizon": size.horizon,
+            "max_action_horizon": size.chunk_size,
             "max_state_dim": size.max_dim,
             "max_action_dim": size.max_dim,
         },
@@ -256,7 +256,7 @@ def build_tiny_groot(
         embodiment_tag="libero_sim",
         device="cpu",
         use_bf16=size != "tiny",
-        chunk_size=shape.horizon,
+        chunk_size=shape.chunk_size,
         n_action_steps=n_action_steps,
         max_state_dim=shape.max_dim,
         max_action_dim=shape.max_dim,
@@ -281,6 +281,11 @@ def build_tiny_groot(
     pre.save_pretrained(folder)
     post.save_pretrained(folder)
     return folder
+
+
+def write_tiny(out: str | Path, seed: int = 0) -> Path:
+    """The tiny GR00T under ``out`` (``out/{backbone,base,policy}``); returns the policy folder."""
+    return build_tiny_groot(out, seed)
 
 
 def main(argv: list[str] | None = None) -> None:

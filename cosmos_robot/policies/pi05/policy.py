@@ -19,6 +19,7 @@ chunks whatever else shares the batch; ``noise=`` overrides it (parity checks, R
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from cosmos_robot.policies.cuda_graphs import GraphCaptureError
-from cosmos_robot.policies.lerobot_io import LeRobotIO
+from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy
 from cosmos_robot.policies.pi05.checkpoint import (
     CONFIG_FILE,
     TOKENIZER_DIR,
@@ -52,7 +53,6 @@ from cosmos_robot.policies.pi05.modeling import (
 )
 from cosmos_robot.policies.registry import CheckpointError, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
-from cosmos_robot_client.spec import InputSpec
 
 __all__ = ["Pi05Inputs", "Pi05Policy", "build_processors", "resize_with_pad"]
 
@@ -140,7 +140,7 @@ def resolve_attention(name: str | None, compiled: bool) -> str | None:
     return name
 
 
-class Pi05Policy(BatchPolicy):
+class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
     """Serve a pi0.5 checkpoint: ``infer_batch(list of obs) -> [{"actions": float32 (H, D)}]``."""
 
     def __init__(
@@ -263,10 +263,13 @@ class Pi05Policy(BatchPolicy):
 
     def save_pretrained(self, ckpt_dir: str | Path) -> Path:
         """Write the folder LeRobot writes (config, weights, processors) plus ``tokenizer/`` and, for
-        non-released sizes, ``pi05_architecture.json``."""
+        non-released sizes, ``pi05_architecture.json``. The config records the denoising steps this
+        policy samples with (RL may train with another number than the checkpoint it started from)."""
         root = Path(ckpt_dir)
         root.mkdir(parents=True, exist_ok=True)
-        self.lerobot_config._save_pretrained(root)
+        config = copy.copy(self.lerobot_config)
+        config.num_inference_steps = self.num_steps
+        config._save_pretrained(root)
         save_weights(self.model, root / WEIGHTS_FILE)
         self.preprocessor.save_pretrained(root)
         self.postprocessor.save_pretrained(root)
@@ -298,13 +301,6 @@ class Pi05Policy(BatchPolicy):
             "expected_keys": self.io.expected_keys,
             **({"state_from": self.io.state_from} if self.io.state_from else {}),
         }
-
-    @property
-    def input_spec(self) -> InputSpec:
-        return self.io.spec
-
-    def example_observation(self) -> dict[str, Any]:
-        return self.io.example()
 
     def canonical(self, obs: Mapping[str, Any], index: int) -> dict[str, Any]:
         return self.io.canonical(obs, index)

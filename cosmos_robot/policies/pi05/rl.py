@@ -20,16 +20,21 @@ pi0.5 has no learned noise head, so Flow-Noise is refused with an error that say
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from cosmos_robot.policies.interfaces import ModelInputs, RLAdapter, RLModel
 from cosmos_robot.policies.pi05.modeling import Pi05Model, PrefixCache
+from cosmos_robot.policies.pi05.policy import Pi05Policy
 from cosmos_robot.policies.rl_heads import FlowSpec, openpi_flow_time, value_head
+from cosmos_robot_client.base_policy import BatchPolicy
 
-__all__ = ["Pi05Context", "Pi05RLModel"]
+__all__ = ["Pi05Context", "Pi05RLAdapter", "Pi05RLModel"]
 
 
 @dataclass
@@ -52,7 +57,7 @@ class Pi05Context:
         return Pi05Context(self.cache.expand(repeats))
 
 
-class Pi05RLModel(nn.Module):
+class Pi05RLModel(RLModel):
     """A ``Pi05Model`` plus a value head, behind the flow samplers' interface (see the module doc)."""
 
     def __init__(
@@ -72,7 +77,7 @@ class Pi05RLModel(nn.Module):
         self.action_dims = action_dims
         self.freeze_vlm = freeze_vlm
         self.config = FlowSpec(
-            horizon=arch.chunk_size,
+            chunk_size=arch.chunk_size,
             action_dim=arch.max_action_dim,
             num_flow_steps=num_flow_steps,
             noise_level=noise_level,
@@ -90,7 +95,7 @@ class Pi05RLModel(nn.Module):
         return list(self.pi05.paligemma_with_expert.paligemma.parameters())
 
     # --- the flow-sampler interface ------------------------------------------------------------------
-    def encode(self, batch: dict[str, Any]) -> Pi05Context:
+    def encode(self, batch: Mapping[str, Any]) -> Pi05Context:
         images = batch["images"]
         if images.dtype != torch.uint8 or images.dim() != 5:
             raise ValueError(f"images: expected uint8 (B, cams, 3, S, S), got {images.dtype} {tuple(images.shape)}")
@@ -121,3 +126,41 @@ class Pi05RLModel(nn.Module):
 
     def sample_time(self, n: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
         return openpi_flow_time(n, generator, device)
+
+
+class Pi05RLAdapter(RLAdapter):
+    """A LeRobot pi0.5 folder made trainable: the model is ``Pi05RLModel`` (value head; optional frozen VLM)."""
+
+    model: Pi05RLModel
+
+    def __init__(self, policy: BatchPolicy, *, noise_level: float | None = None, freeze_vlm: bool = False) -> None:
+        if not isinstance(policy, Pi05Policy):
+            raise TypeError(f"Pi05RLAdapter: expected a Pi05Policy, got {type(policy).__name__}")
+        self.policy = policy
+        self.action_dims = policy.action_dim
+        noise = 0.5 if noise_level is None else noise_level
+        self.model = Pi05RLModel(policy.model, policy.action_dim, policy.num_steps, noise, freeze_vlm)
+
+    @staticmethod
+    def load_policy(path: str, device: torch.device | str) -> BatchPolicy:
+        return Pi05Policy.from_pretrained(path, device=device, cuda_graphs=False)
+
+    def model_inputs(self, wire: Sequence[Mapping[str, Any]]) -> ModelInputs:
+        inputs = self.policy.prepare([dict(w) for w in wire])  # LeRobot's preprocessor: state in the prompt, tokens
+        images = torch.stack([((img.float() + 1.0) * 127.5).round().clamp(0, 255) for img in inputs.images], dim=1)
+        return {"images": images.to(torch.uint8), "tokens": inputs.tokens, "token_mask": inputs.token_mask}
+
+    def env_actions(self, chunks: torch.Tensor) -> np.ndarray:
+        return self.policy.unnormalize(chunks)
+
+    def servable(self, model: RLModel) -> BatchPolicy:
+        if not isinstance(model, Pi05RLModel):
+            raise TypeError(f"Pi05RLAdapter.servable: expected a Pi05RLModel, got {type(model).__name__}")
+        p = self.policy
+        served = Pi05Policy(model.pi05.eval(), p.lerobot_config, p.preprocessor, p.postprocessor, p.tokenizer)
+        served.num_steps = int(model.config.num_flow_steps)
+        return served
+
+    def set_num_flow_steps(self, steps: int) -> None:
+        super().set_num_flow_steps(steps)
+        self.policy.num_steps = steps

@@ -107,15 +107,20 @@ def build_tiny_pi05(
     return Pi05Policy.from_model(model, config, stats, make_byte_tokenizer())
 
 
+def write_tiny(out: str | Path, seed: int = 0) -> Path:
+    """The tabletop-sized tiny pi0.5 folder (what ``checkpoints/pi05_tiny`` holds) written to ``out``.
+
+    Tabletop units: state within [-1, 1] per dim after clipping, actions in [-1, 1]."""
+    stats = {"observation.state": quantile_stats(8, 0, -1.0, 1.0), "action": quantile_stats(7, 0, -1.0, 1.0)}
+    return Path(build_tiny_pi05(seed, stats=stats).save_pretrained(out))
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="write a tiny random pi0.5 checkpoint folder (LeRobot format)")
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    # tabletop units: state within [-1, 1] per dim after clipping, actions in [-1, 1]
-    stats = {"observation.state": quantile_stats(8, 0, -1.0, 1.0), "action": quantile_stats(7, 0, -1.0, 1.0)}
-    folder = build_tiny_pi05(args.seed, stats=stats).save_pretrained(args.out)
-    print(f"wrote {folder}")
+    print(f"wrote {write_tiny(args.out, args.seed)}")
 
 
 if __name__ == "__main__":

@@ -36,7 +36,10 @@ def libero_input_spec(image_size: int = 224, state_dim: int = 8, state_optional:
 
 
 class ConstantPolicy(BasePolicy):
-    """Answers every request with a constant (H, D) chunk after ``delay_ms``; one call per request."""
+    """Answers every request with a constant (H, D) chunk after ``delay_ms``; one call per request.
+
+    ``action_horizon`` is H, the chunk's rows (our ``chunk_size``): named after the metadata key it
+    announces, which external clients read, and kept for ``-a action_horizon=`` command lines."""
 
     def __init__(
         self,

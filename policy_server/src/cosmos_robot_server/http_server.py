@@ -40,7 +40,7 @@ from cosmos_robot_server.cosmos_dialect import (
     parse_request,
     to_observation,
 )
-from cosmos_robot_server.server import Transport
+from cosmos_robot_server.transport import Transport
 
 __all__ = ["HttpTransport"]
 

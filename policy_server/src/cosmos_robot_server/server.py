@@ -8,8 +8,8 @@ run in the foreground (``serve_forever``, what the CLI does) or in a background 
 
 from __future__ import annotations
 
-import abc
 import asyncio
+import importlib
 import logging
 import signal
 import threading
@@ -19,45 +19,20 @@ from cosmos_robot_client.base_policy import BasePolicy
 from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.core import ServingCore
 from cosmos_robot_server.metrics import Metrics
+from cosmos_robot_server.transport import TRANSPORTS, Transport
 
 __all__ = ["PolicyServer", "Transport"]
 
 log = logging.getLogger(__name__)
 
 
-class Transport(abc.ABC):
-    """One network endpoint in front of the shared core."""
-
-    name: str = ""
-
-    def __init__(self, core: ServingCore, config: ServerConfig) -> None:
-        self.core = core
-        self.config = config
-
-    @abc.abstractmethod
-    async def start(self) -> int:
-        """Bind and begin serving; return the bound TCP port."""
-
-    @abc.abstractmethod
-    async def stop(self) -> None:
-        """Stop accepting, close connections, release the port."""
-
-
 def _make_transport(name: str, core: ServingCore, config: ServerConfig) -> Transport:
-    # Imported lazily so that a missing optional transport dependency only affects that transport.
-    if name == "ws":
-        from cosmos_robot_server.websocket_server import WebsocketTransport
-
-        return WebsocketTransport(core, config)
-    if name == "zmq":
-        from cosmos_robot_server.zmq_server import ZmqTransport
-
-        return ZmqTransport(core, config)
-    if name == "http":
-        from cosmos_robot_server.http_server import HttpTransport
-
-        return HttpTransport(core, config)
-    raise ValueError(f"unknown transport {name!r}")
+    if name not in TRANSPORTS:
+        raise ValueError(f"unknown transport {name!r} (known: {', '.join(sorted(TRANSPORTS))})")
+    module, _, attr = TRANSPORTS[name].partition(":")
+    cls = getattr(importlib.import_module(module), attr)
+    transport: Transport = cls(core, config)
+    return transport
 
 
 class PolicyServer:

@@ -43,7 +43,7 @@ from websockets.http11 import Request, Response
 
 from cosmos_robot_client.codec import CodecError, Packer, unpackb
 from cosmos_robot_server.core import PolicyError, RequestError
-from cosmos_robot_server.server import Transport
+from cosmos_robot_server.transport import Transport
 
 __all__ = ["WebsocketTransport"]
 

@@ -44,7 +44,7 @@ from cosmos_robot_client.codec import CodecError, packb, unpackb
 from cosmos_robot_server.batcher import PolicyError
 from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.core import RequestError, ServingCore
-from cosmos_robot_server.server import Transport
+from cosmos_robot_server.transport import Transport
 
 __all__ = ["ENDPOINTS", "ZmqTransport"]
 

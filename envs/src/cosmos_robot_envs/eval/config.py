@@ -14,15 +14,25 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-__all__ = ["RUNTIME_FIELDS", "EpisodeSpec", "EvalConfig", "build_schedule", "config_mismatch", "episode_seed"]
+__all__ = [
+    "FAILURE_VIDEOS_PER_TASK",
+    "RUNTIME_FIELDS",
+    "EpisodeSpec",
+    "EvalConfig",
+    "build_schedule",
+    "config_mismatch",
+    "episode_seed",
+]
 
 VECTOR_MODES = ("sync", "async")
 
 # Fields that change how fast a run goes but not what any episode does: a resumed run may change them.
-RUNTIME_FIELDS = frozenset({"num_envs", "vector_mode", "batch_requests", "align_starts"})
+# (``video_failures`` only picks which failed episodes get an MP4.)
+RUNTIME_FIELDS = frozenset({"num_envs", "vector_mode", "batch_requests", "align_starts", "video_failures"})
+FAILURE_VIDEOS_PER_TASK = 3  # with video_failures, MP4s of at most this many failed episodes per task
 
 
 @dataclass(frozen=True)
@@ -36,12 +46,15 @@ class EvalConfig:
     episodes_per_task: int = 10  # episodes per task
     num_envs: int = 4  # envs stepped in lockstep (one batched policy request per control step)
     replan_steps: int = 5  # actions executed open-loop from each chunk before asking again
-    seed: int = 0  # base seed; each episode's seed is episode_seed(seed, task, index)
-    image_size: int = 128  # camera images are image_size x image_size pixels
-    vector_mode: str = "sync"  # "sync" (in-process) or "async" (one worker process per env)
-    video_episodes: int = 0  # record an MP4 for episodes 0 .. video_episodes-1 of every task
-    max_steps: int | None = None  # override every task's horizon (control steps); None = the task's own
-    batch_requests: bool = True  # one request for all envs needing a chunk; False = one request per env
+    seed: int = 0  # base seed; each episode's seed derives from it, its task and its index (episode_seed)
+    image_size: int = 128  # camera image side in pixels (square images)
+    # "async" (one worker process per env: a crashed or hung simulator costs one episode, not the run,
+    # and envs step on several cores) or "sync" (in-process)
+    vector_mode: str = "async"
+    video_episodes: int = 1  # record an MP4 of the first N episodes of every task (embedded in report.html)
+    video_failures: bool = True  # with video_episodes >= 1, also film up to 3 failed episodes per task
+    max_steps: int | None = None  # override every task's episode length (control steps); unset: each task's own
+    batch_requests: bool = True  # one request for all envs needing a chunk; off: one request per env
     align_starts: bool = True  # start episodes on replan boundaries so all envs replan in the same request
 
     def __post_init__(self) -> None:
@@ -75,8 +88,13 @@ class EvalConfig:
 
 
 def config_mismatch(saved: dict[str, Any], current: EvalConfig) -> list[str]:
-    """The fields (other than RUNTIME_FIELDS) whose saved value differs, as ``name: saved -> current``."""
+    """The fields (other than RUNTIME_FIELDS) whose saved value differs, as ``name: saved -> current``.
+
+    A field missing from ``saved`` (a run saved before the field existed) counts as its default.
+    """
     now = json.loads(json.dumps(current.to_dict(), default=str))  # compare as saved (tuples become lists)
+    defaults = {f.name: f.default for f in fields(EvalConfig) if f.default is not MISSING}
+    saved = {**json.loads(json.dumps(defaults, default=str)), **saved}
     diffs = []
     for name in sorted(set(saved) | set(now)):
         if name in RUNTIME_FIELDS:
@@ -94,7 +112,7 @@ def episode_seed(seed: int, task: str, index: int) -> int:
 
 @dataclass(frozen=True)
 class EpisodeSpec:
-    """One scheduled episode."""
+    """One scheduled episode (an ``EpisodeSpecLike`` of ``cosmos_robot_envs.episodes``)."""
 
     task: str
     index: int  # episode index within its task

@@ -1,7 +1,9 @@
-"""A rich progress bar for :func:`run_eval`: episodes done / total, success so far, rate and ETA.
+"""Progress of :func:`run_eval`: episodes done / total, success so far, rate and ETA.
 
 Why a callbacks object rather than a bar inside the runner: the runner also runs inside trainers and
-tests, where a live terminal display is noise; the CLI opts in by passing this.
+tests, where a live terminal display is noise; the CLI opts in by passing this. On a terminal it is a
+rich bar; when the console is not one (output sent to a log file) it prints a plain line every few
+episodes or 30 s instead (see ``cosmos_robot_envs.progress``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ __all__ = ["RichProgress"]
 class RichProgress(EpisodeBar, EvalCallbacks):
     """``with RichProgress() as progress: run_eval(..., callbacks=progress)``."""
 
-    def __init__(self, console: Console | None = None) -> None:
-        super().__init__("eval", "success {task.fields[success]}", console)
+    def __init__(
+        self, console: Console | None = None, *, plain: bool | None = None, every: int = 10, interval_s: float = 30.0
+    ) -> None:
+        super().__init__(
+            "eval", "success {task.fields[success]}", console, plain=plain, every=every, interval_s=interval_s
+        )
         self.done = 0
         self.successes = 0
 

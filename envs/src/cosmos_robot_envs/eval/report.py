@@ -22,8 +22,10 @@ import numpy as np
 
 from cosmos_robot_envs.eval.records import EpisodeRecord
 
-__all__ = ["SUCCESS_PNG", "LATENCY_PNG", "write_report"]
+__all__ = ["LATENCY_PNG", "REPORT_HTML", "RESULTS_JSON", "SUCCESS_PNG", "write_report"]
 
+RESULTS_JSON = "results.json"
+REPORT_HTML = "report.html"
 SUCCESS_PNG = "success_rate.png"
 LATENCY_PNG = "latency_hist.png"
 
@@ -109,6 +111,55 @@ def _videos(records: Sequence[EpisodeRecord]) -> str:
     return "<div class='videos'>" + "".join(items) + "</div>" if items else "<p>no videos recorded</p>"
 
 
+def _failures(results: dict[str, Any]) -> str:
+    """Per task, the seeds of the episodes the policy failed (to replay them) and lost episodes."""
+    items = []
+    for task, s in results["tasks"].items():
+        seeds = s.get("failed_seeds", [])
+        infra = s.get("infra_failures", 0)
+        if not seeds and not infra:
+            continue
+        text = f"<b>{html.escape(task)}</b>: "
+        text += f"seeds {', '.join(str(x) for x in seeds)}" if seeds else "no policy failure"
+        if infra:
+            text += f"; {infra} episode(s) lost to a crashed or hung simulator worker (not counted as the policy's)"
+        items.append(f"<li>{text}</li>")
+    return f"<ul id='failures'>{''.join(items)}</ul>" if items else "<p>no failed episodes</p>"
+
+
+def _header(results: dict[str, Any]) -> list[str]:
+    cfg, pol = results["config"], results["policy"]
+    family = f" ({html.escape(str(pol['family']))})" if pol.get("family") else ""
+    done = sum(s["episodes"] for s in results["tasks"].values())
+    status = (
+        "complete"
+        if results.get("complete")
+        else f"incomplete: {done} of {results.get('episodes_scheduled', '?')} episodes recorded"
+    )
+    version = results.get("versions", {}).get("cosmos-robot-envs", "unknown")
+    return [
+        f"<h1>cosmos-robot eval: {html.escape(cfg['suite'])}</h1>",
+        f"<p>checkpoint <code>{html.escape(str(pol.get('checkpoint', pol['source'])))}</code>{family}, "
+        f"policy <code>{html.escape(pol['source'])}</code> ({html.escape(pol['kind'])}).</p>",
+        f"<p>{cfg['episodes_per_task']} episodes per task, seed {cfg['seed']}, replan every {cfg['replan_steps']} "
+        f"steps, {cfg['num_envs']} envs ({html.escape(cfg['vector_mode'])}). Run <b id='status'>{status}</b>; "
+        f"report created {html.escape(str(results.get('created_at', '?')))} by cosmos-robot-envs "
+        f"{html.escape(version)}.</p>",
+    ]
+
+
+def _throughput(results: dict[str, Any]) -> str:
+    thr = results["throughput"]
+    if not thr.get("requests"):
+        return "no episode ran in this invocation, so no throughput was measured."
+    when = thr.get("measured_at")
+    run = "this run" if when in (None, results.get("created_at")) else f"in the run of {html.escape(str(when))}"
+    return (
+        f"{thr['episodes_per_min']:.1f} episodes/min {run} "
+        f"({thr['requests']} requests, mean {thr['mean_request_batch']:.2f} observations each)."
+    )
+
+
 def _img(png: bytes, alt: str) -> str:
     return f"<img alt='{alt}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
 
@@ -123,34 +174,30 @@ _STYLE = (
 
 def write_report(out_dir: Path, results: dict[str, Any], records: Sequence[EpisodeRecord]) -> None:
     """Write ``results.json``, the two PNG charts and ``report.html`` into ``out_dir``."""
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2, sort_keys=False, allow_nan=False) + "\n")
+    (out_dir / RESULTS_JSON).write_text(json.dumps(results, indent=2, sort_keys=False, allow_nan=False) + "\n")
     success_png = success_chart(results["tasks"])
     latency_png = latency_chart([x for r in records for x in r.latencies_ms])
     (out_dir / SUCCESS_PNG).write_bytes(success_png)
     (out_dir / LATENCY_PNG).write_bytes(latency_png)
-    cfg = results["config"]
     lat = results["latency_ms"]
-    thr = results["throughput"]
     body = [
-        f"<h1>cosmos-robot eval: {html.escape(cfg['suite'])}</h1>",
-        f"<p>policy <code>{html.escape(results['policy']['source'])}</code>, "
-        f"{cfg['episodes_per_task']} episodes per task, seed {cfg['seed']}, replan every {cfg['replan_steps']} steps, "
-        f"{cfg['num_envs']} envs ({html.escape(cfg['vector_mode'])}).</p>",
+        *_header(results),
         "<h2>Success</h2>",
         _table(results),
         _img(success_png, "success rate per task"),
+        "<h2>Failed episodes</h2>",
+        _failures(results),
         "<h2>Inference latency</h2>",
         f"<p>p50 {lat['p50_ms']:.1f} ms, p95 {lat['p95_ms']:.1f} ms, max {lat['max_ms']:.1f} ms over {lat['n']} "
-        f"queries; {thr['episodes_per_min']:.1f} episodes/min this run "
-        f"({thr['requests']} requests, mean {thr['mean_request_batch']:.2f} observations each).</p>",
+        f"queries; {_throughput(results)}</p>",
         _img(latency_png, "latency histogram"),
         "<h2>Videos</h2>",
         _videos(records),
         "<h2>Config</h2>",
-        f"<pre>{html.escape(json.dumps(cfg, indent=2))}</pre>",
+        f"<pre>{html.escape(json.dumps(results['config'], indent=2))}</pre>",
     ]
     page = (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>cosmos-robot eval</title>"
         f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>\n"
     )
-    (out_dir / "report.html").write_text(page, encoding="utf-8")
+    (out_dir / REPORT_HTML).write_text(page, encoding="utf-8")

@@ -1,20 +1,20 @@
-"""The evaluation loop: N envs in lockstep, one batched chunk request per control step, records on disk.
+"""Evaluation: the episode scheduler with one batched chunk request per decision, records on disk.
 
 How a run goes:
 
 1. the schedule (tasks x episodes, each with its own seed) minus the episodes ``episodes.jsonl``
-   already holds is handed out to free env slots: one multi-task env per slot, reset with the
-   episode's seed and ``options={"task": ...}`` (the vector layer's partial reset);
-2. each control step, the envs whose action queue is empty are queried together (one request) and
-   get the first ``replan_steps`` actions of their chunk; every active env then takes one step;
+   already holds goes to the episode scheduler (``cosmos_robot_envs.episodes``): one multi-task env
+   per slot, reset with the episode's seed and ``suite.reset_options`` (at least its task);
+2. the envs whose action queue is empty are queried together (one request through
+   :class:`ChunkSource`) and execute ``replan_steps`` actions of their chunk; with ``align_starts``
+   episodes start on replan boundaries, so every request carries all the envs (see the scheduler);
 3. a finished episode (success, time limit, or a crashed / hung worker, which the vector layer reports
-   as ``truncated`` with a reason) is appended to the JSONL, its slot gets the next episode at the
-   next replan boundary (``align_starts``): an env idles for fewer than ``replan_steps`` steps, and in
-   exchange every env asks for its chunk on the same control steps, so each request carries all the
-   envs instead of the ~N/replan_steps that staggered starts would leave (a model server then runs
-   one forward pass per replan instead of one per control step). Each episode still replans every
-   ``replan_steps`` steps from its own reset, so its outcome does not depend on the alignment;
-4. the summary, charts and report are recomputed from all records.
+   as ``truncated`` with a reason) is appended to the JSONL; its MP4 is written when it is one of the
+   first ``video_episodes`` of its task or, with ``video_failures``, one of the first
+   ``FAILURE_VIDEOS_PER_TASK`` policy failures of its task (frames are kept in memory only for
+   episodes that may need them);
+4. the summary, charts and report are recomputed from all records. A rerun with nothing left to do
+   keeps the report and charts as they are and the throughput of the run that did the episodes.
 
 The policy object comes from the caller (a ``WebsocketClientPolicy`` or anything loaded in-process):
 this package never imports the ``cosmos_robot`` root package, so a simulator box needs no torch.
@@ -27,29 +27,33 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.metadata
 import json
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cosmos_robot_client.base_policy import BasePolicy
+from cosmos_robot_envs.episodes import EpisodeHooks, EpisodeOutcome, EpisodeScheduler, LiveEpisode, Step, obs_row
 from cosmos_robot_envs.eval.chunks import ChunkSource
-from cosmos_robot_envs.eval.config import EpisodeSpec, EvalConfig, build_schedule
+from cosmos_robot_envs.eval.config import FAILURE_VIDEOS_PER_TASK, EpisodeSpec, EvalConfig, build_schedule
 from cosmos_robot_envs.eval.outdir import EPISODES_JSONL, VIDEO_DIR, prepare_out_dir
 from cosmos_robot_envs.eval.records import EpisodeRecord, append_record, latency_summary, load_records
-from cosmos_robot_envs.eval.report import write_report
+from cosmos_robot_envs.eval.report import REPORT_HTML, RESULTS_JSON, write_report
 from cosmos_robot_envs.eval.stats import summarize
 from cosmos_robot_envs.eval.suites import Suite, get_suite
 from cosmos_robot_envs.eval.video import write_mp4
-from cosmos_robot_envs.eval.wire import WireMapping, batch_row, spec_from_metadata
+from cosmos_robot_envs.eval.wire import WireMapping, spec_from_metadata
 from cosmos_robot_envs.vector import BatchedEnv, make_vector_env
 
 __all__ = ["EvalCallbacks", "run_eval"]
+
+CHECKPOINT_KEYS = ("checkpoint", "ckpt", "checkpoint_path", "model_path")  # metadata naming the served weights
+FAMILY_KEYS = ("family", "type", "policy")  # metadata naming the model family / policy class
 
 
 class EvalCallbacks:
@@ -60,17 +64,6 @@ class EvalCallbacks:
 
     def episode(self, record: EpisodeRecord) -> None:
         """Called after each episode is written to disk."""
-
-
-@dataclass
-class _Slot:
-    spec: EpisodeSpec
-    t0: float
-    queue: deque[np.ndarray] = field(default_factory=deque)
-    steps: int = 0
-    ret: float = 0.0
-    latencies: list[float] = field(default_factory=list)
-    frames: list[np.ndarray] | None = None
 
 
 def _jsonable(value: Any, depth: int = 0) -> Any:
@@ -92,108 +85,143 @@ def _jsonable(value: Any, depth: int = 0) -> Any:
     return repr(value)[:200]
 
 
-class _Run:
-    """One call of :func:`run_eval` after the output folder is prepared."""
+class _EvalHooks(EpisodeHooks[EpisodeSpec]):
+    """Evaluation on the episode scheduler: chunks from the policy, frames for videos, one record per episode.
+
+    Per-episode state is keyed by the episode's position in the schedule, not by env row: a row whose
+    reset failed takes the next episode before the failed one is recorded.
+    """
 
     def __init__(
-        self, config: EvalConfig, suite: Suite, venv: BatchedEnv, chunks: ChunkSource, wire: WireMapping, out: Path
+        self,
+        config: EvalConfig,
+        suite: Suite,
+        chunks: ChunkSource,
+        wire: WireMapping,
+        out: Path,
+        filmed_failures: dict[str, int],
+        on_record: Callable[[EpisodeRecord], None],
     ) -> None:
-        self.config, self.suite, self.venv, self.chunks, self.wire, self.out = config, suite, venv, chunks, wire, out
-        self.slots: list[_Slot | None] = [None] * venv.num_envs
-        self.obs: dict[str, Any] = {}
+        self.config, self.suite, self.chunks, self.wire, self.out = config, suite, chunks, wire, out
+        self.filmed_failures = filmed_failures  # failure MP4s per task so far (resumed ones included)
+        self.on_record = on_record
+        self.latencies: dict[int, list[float]] = {}
+        self.frames: dict[int, list[np.ndarray]] = {}
         self.finished: list[EpisodeRecord] = []
-        self.on_record: Callable[[EpisodeRecord], None] = lambda r: None
 
-    def run(self, todo: list[EpisodeSpec]) -> None:
-        pending = deque(todo)
-        action_shape = self.venv.single_action_space.shape
-        assert action_shape is not None
-        dtype = self.venv.single_action_space.dtype
-        phase = 0  # control steps since the envs were last all idle, modulo replan_steps
-        while pending or any(self.slots):
-            free = [i for i, s in enumerate(self.slots) if s is None]
-            if free and pending:
-                if len(free) == self.venv.num_envs:
-                    phase = 0
-                if phase == 0 or not self.config.align_starts:
-                    self._fill(free, pending)
-            active = [i for i, s in enumerate(self.slots) if s is not None]
-            if not active:
-                continue  # every reset failed; the next pending episodes get the slots
-            need = [i for i in active if not self._slot(i).queue]
-            if need:
-                wire = [self.wire(batch_row(self.obs, i)) for i in need]
-                chunks, latencies = self.chunks.query(wire)
-                for i, chunk, latency in zip(need, chunks, latencies):
-                    slot = self._slot(i)
-                    slot.queue.extend(chunk[: self.config.replan_steps])
-                    slot.latencies.append(latency)
-            actions = np.zeros((self.venv.num_envs, *action_shape), dtype=dtype)
-            mask = np.zeros(self.venv.num_envs, dtype=bool)
-            for i in active:
-                actions[i] = self._slot(i).queue.popleft()
-                mask[i] = True
-            self.obs, rewards, terminated, truncated, infos = self.venv.step(actions, mask=mask)
-            phase = (phase + 1) % self.config.replan_steps
-            for i in active:
-                slot, info = self._slot(i), infos[i]
-                if "worker_error" not in info:
-                    slot.steps += 1
-                    slot.ret += float(rewards[i])
-                    if slot.frames is not None:
-                        slot.frames.append(np.array(self.obs[self.suite.video_key][i]))
-                if terminated[i] or truncated[i]:
-                    reason = info.get("truncated_reason") or (None if terminated[i] else "max_steps")
-                    self._finish(i, bool(info.get("is_success", False)), reason, info.get("worker_error"))
+    def _may_film(self, spec: EpisodeSpec) -> bool:
+        """Keep frames: a scheduled video, or a possible failure video while its task has room for one."""
+        if spec.video:
+            return True
+        on = self.config.video_failures and self.config.video_episodes > 0
+        return on and self.filmed_failures.get(spec.task, 0) < FAILURE_VIDEOS_PER_TASK
 
-    def _slot(self, i: int) -> _Slot:
-        slot = self.slots[i]
-        assert slot is not None
-        return slot
+    def started(self, ep: LiveEpisode[EpisodeSpec], obs: dict[str, Any], info: dict[str, Any]) -> None:
+        self.latencies[ep.position] = []
+        if self._may_film(ep.spec):
+            self.frames[ep.position] = [np.array(obs[self.suite.video_key])]
 
-    def _fill(self, free: list[int], pending: deque[EpisodeSpec]) -> None:
-        """Start the next pending episodes on the ``free`` envs (one partial reset)."""
-        while free and pending:
-            assigned = {i: pending.popleft() for i in free[: len(pending)]}
-            mask = np.zeros(self.venv.num_envs, dtype=bool)
-            mask[list(assigned)] = True
-            specs = list(assigned.values())
-            self.obs, infos = self.venv.reset(
-                seeds=[s.seed for s in specs], options=[self.suite.reset_options(s) for s in specs], mask=mask
-            )
-            free = []
-            for i, spec in assigned.items():
-                self.slots[i] = _Slot(spec, time.perf_counter())
-                if "truncated_reason" in infos[i]:  # the reset failed twice: record it, try the next episode
-                    self._finish(i, False, str(infos[i]["truncated_reason"]), infos[i].get("worker_error"))
-                    free.append(i)
-                elif spec.video:
-                    self._slot(i).frames = [np.array(self.obs[self.suite.video_key][i])]
+    def decide(self, episodes: Sequence[LiveEpisode[EpisodeSpec]], obs: Any) -> list[np.ndarray]:
+        chunks, latencies = self.chunks.query([self.wire(obs_row(obs, ep.row)) for ep in episodes])
+        for ep, latency in zip(episodes, latencies):
+            self.latencies[ep.position].append(latency)
+        return chunks
 
-    def _finish(self, i: int, success: bool, reason: str | None, error: Any) -> None:
-        slot = self._slot(i)
-        self.slots[i] = None
-        video = None
-        if slot.frames:
-            video = f"{VIDEO_DIR}/{slot.spec.task}_ep{slot.spec.index:03d}.mp4"
-            write_mp4(self.out / video, slot.frames, self.suite.fps)
+    def stepped(self, ep: LiveEpisode[EpisodeSpec], step: Step) -> None:
+        frames = self.frames.get(ep.position)
+        if frames is not None:
+            frames.append(np.array(step.obs[self.suite.video_key]))
+
+    def ended(self, outcomes: Sequence[EpisodeOutcome[EpisodeSpec]], obs: Any) -> None:
+        for outcome in outcomes:
+            self._record(outcome)
+
+    def _video(self, outcome: EpisodeOutcome[EpisodeSpec]) -> str | None:
+        spec = outcome.spec
+        frames = self.frames.pop(outcome.position, None)
+        policy_failure = not outcome.success and not outcome.infra_failure
+        if not frames or not (spec.video or (policy_failure and self._may_film(spec))):
+            return None
+        if not spec.video:
+            self.filmed_failures[spec.task] = self.filmed_failures.get(spec.task, 0) + 1
+        video = f"{VIDEO_DIR}/{spec.task}_ep{spec.index:03d}.mp4"
+        write_mp4(self.out / video, frames, self.suite.fps)
+        return video
+
+    def _record(self, outcome: EpisodeOutcome[EpisodeSpec]) -> None:
+        latencies = self.latencies.pop(outcome.position, [])
         record = EpisodeRecord(
-            task=slot.spec.task,
-            episode=slot.spec.index,
-            seed=slot.spec.seed,
-            success=success,
-            steps=slot.steps,
-            episode_return=slot.ret,
-            truncated_reason=reason,
-            worker_error=None if error is None else str(error)[-2000:],
-            latency=latency_summary(slot.latencies),
-            latencies_ms=[round(x, 3) for x in slot.latencies],
-            video=video,
-            wall_s=round(time.perf_counter() - slot.t0, 3),
+            task=outcome.spec.task,
+            episode=outcome.spec.index,
+            seed=outcome.spec.seed,
+            success=outcome.success,
+            steps=outcome.steps,
+            episode_return=outcome.episode_return,
+            truncated_reason=outcome.reason,
+            worker_error=outcome.error,
+            latency=latency_summary(latencies),
+            latencies_ms=[round(x, 3) for x in latencies],
+            video=self._video(outcome),
+            wall_s=round(outcome.wall_s, 3),
         )
         append_record(self.out / EPISODES_JSONL, record)
         self.finished.append(record)
         self.on_record(record)
+
+
+@dataclass
+class _Work:
+    """What one invocation of :func:`run_eval` did (zeros when there was nothing to do)."""
+
+    new: list[EpisodeRecord] = dataclasses.field(default_factory=list)
+    requests: int = 0
+    observations: int = 0
+    setup_s: float = 0.0
+    loop_s: float = 0.0
+
+
+def _evaluate(
+    config: EvalConfig,
+    suite: Suite,
+    policy: BasePolicy,
+    metadata: dict[str, Any],
+    todo: list[EpisodeSpec],
+    out: Path,
+    filmed_failures: dict[str, int],
+    callbacks: EvalCallbacks,
+) -> _Work:
+    """Run the ``todo`` episodes; each is on disk (and reported to ``callbacks``) as soon as it ends."""
+    t_setup = time.perf_counter()
+    policy.reset()
+    venv: BatchedEnv = make_vector_env(
+        suite.make_env(config.tasks, config.image_size, config.max_steps),
+        num_envs=min(config.num_envs, len(todo)),
+        mode=config.vector_mode,  # type: ignore[arg-type]
+    )
+    try:
+        shape = venv.single_action_space.shape
+        if shape is None or len(shape) != 1:
+            raise ValueError(f"suite {suite.name!r}: expected a 1-D action space, got shape {shape}")
+        chunks = ChunkSource(
+            policy,
+            name=_policy_name(config, policy),
+            action_dim=int(shape[0]),
+            replan_steps=config.replan_steps,
+            batch_requests=config.batch_requests,
+        )
+        input_spec = getattr(policy, "input_spec", None) or spec_from_metadata(metadata)
+        wire = WireMapping(suite.wire_keys, input_spec)
+        hooks = _EvalHooks(config, suite, chunks, wire, out, filmed_failures, callbacks.episode)
+        scheduler = EpisodeScheduler[EpisodeSpec](
+            venv, replan_steps=config.replan_steps, align_starts=config.align_starts, reset_options=suite.reset_options
+        )
+        t_loop = time.perf_counter()
+        scheduler.run(todo, hooks)
+        return _Work(
+            hooks.finished, chunks.requests, chunks.observations, t_loop - t_setup, time.perf_counter() - t_loop
+        )
+    finally:
+        venv.close()
 
 
 def run_eval(
@@ -211,6 +239,10 @@ def run_eval(
     ``WebsocketClientPolicy`` (``policy_kind="websocket"``) or a policy built in-process. Returns the
     ``results.json`` content. Raises ``ConfigMismatchError`` when ``out_dir`` holds another run,
     ``PolicyOutputError`` when a reply cannot drive the env.
+
+    A rerun of a complete evaluation runs nothing, leaves ``report.html`` and the charts alone, and
+    only refreshes the invocation counts of ``results.json`` (its throughput stays the one measured by
+    the run that did the episodes).
     """
     callbacks = callbacks or EvalCallbacks()
     out = Path(out_dir)
@@ -226,65 +258,103 @@ def run_eval(
     callbacks.start(len(schedule), len(resumed), sum(r.success for r in resumed))
 
     metadata = _jsonable(dict(policy.metadata or {}))
-    spec = getattr(policy, "input_spec", None) or spec_from_metadata(metadata)
-    t_setup = time.perf_counter()
-    new: list[EpisodeRecord] = []
-    requests = observations = 0
-    t_loop = t_setup
+    work = _Work()
     if todo:
-        policy.reset()
-        venv = make_vector_env(
-            suite.make_env(tasks, config.image_size, config.max_steps),
-            num_envs=min(config.num_envs, len(todo)),
-            mode=config.vector_mode,  # type: ignore[arg-type]
-        )
-        try:
-            shape = venv.single_action_space.shape
-            if shape is None or len(shape) != 1:
-                raise ValueError(f"suite {suite.name!r}: expected a 1-D action space, got shape {shape}")
-            chunks = ChunkSource(
-                policy,
-                name=_policy_name(config, policy),
-                action_dim=int(shape[0]),
-                replan_steps=config.replan_steps,
-                batch_requests=config.batch_requests,
-            )
-            run = _Run(config, suite, venv, chunks, WireMapping(suite.wire_keys, spec), out)
-            run.on_record = callbacks.episode
-            t_loop = time.perf_counter()
-            try:
-                run.run(todo)
-            finally:
-                new = run.finished
-                requests, observations = chunks.requests, chunks.observations
-        finally:
-            venv.close()
-    loop_s = time.perf_counter() - t_loop
+        filmed = _filmed_failures(resumed, config.video_episodes)
+        work = _evaluate(config, suite, policy, metadata, todo, out, filmed, callbacks)
 
     all_records = sorted(
         [r for r in load_records(out / EPISODES_JSONL).values() if r.key in wanted],
         key=lambda r: (tasks.index(r.task), r.episode),
     )
-    results: dict[str, Any] = {"suite": suite.name, "config": _jsonable(config.to_dict())}
-    results.update(summarize(all_records, tasks))
-    results["throughput"] = {
-        "episodes_this_run": len(new),
-        "episodes_resumed": len(resumed),
-        "setup_s": round(t_loop - t_setup, 3),
-        "loop_s": round(loop_s, 3),
-        "episodes_per_min": round(60 * len(new) / loop_s, 3) if new and loop_s > 0 else 0.0,
-        "requests": requests,
-        "observations": observations,
-        "mean_request_batch": round(observations / requests, 3) if requests else 0.0,
-    }
-    results["policy"] = {"source": config.policy, "kind": policy_kind, "metadata": metadata}
-    results["episodes"] = [
-        {k: v for k, v in r.to_json().items() if k not in ("latencies_ms", "worker_error")} for r in all_records
-    ]
-    results["created_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    results = _results(config, suite, tasks, all_records, len(schedule), policy_kind, metadata)
+    results["throughput"] = _throughput(work, len(resumed), results["created_at"])
+    saved = _saved_results(out) if not todo else None
+    if saved is not None and "throughput" in saved:  # nothing ran: keep what the working run measured
+        results["throughput"] = {**saved["throughput"], "episodes_this_run": 0, "episodes_resumed": len(resumed)}
+        results["throughput"].setdefault("measured_at", saved.get("created_at"))
+        if saved.get("complete") and (out / REPORT_HTML).exists():  # its report already says it all
+            results["created_at"] = saved.get("created_at", results["created_at"])
+            json.dumps(results, allow_nan=False)
+            (out / RESULTS_JSON).write_text(json.dumps(results, indent=2, allow_nan=False) + "\n")
+            return results
     json.dumps(results, allow_nan=False)  # fail here, not halfway through writing the file
     write_report(out, results, all_records)
     return results
+
+
+def _results(
+    config: EvalConfig,
+    suite: Suite,
+    tasks: tuple[str, ...],
+    records: list[EpisodeRecord],
+    scheduled: int,
+    policy_kind: str,
+    metadata: dict[str, Any],
+) -> dict[str, Any]:
+    """The ``results.json`` content but its throughput."""
+    results: dict[str, Any] = {"suite": suite.name, "config": _jsonable(config.to_dict())}
+    results["complete"] = len(records) == scheduled
+    results["episodes_scheduled"] = scheduled
+    results.update(summarize(records, tasks))
+    results["policy"] = {
+        "source": config.policy,
+        "kind": policy_kind,
+        **_identity(metadata, config.policy),
+        "metadata": metadata,
+    }
+    results["episodes"] = [
+        {k: v for k, v in r.to_json().items() if k not in ("latencies_ms", "worker_error")} for r in records
+    ]
+    results["created_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    results["versions"] = {"cosmos-robot-envs": _version("cosmos-robot-envs")}
+    return results
+
+
+def _throughput(work: _Work, resumed: int, created_at: str) -> dict[str, Any]:
+    return {
+        "episodes_this_run": len(work.new),
+        "episodes_resumed": resumed,
+        "setup_s": round(work.setup_s, 3),
+        "loop_s": round(work.loop_s, 3),
+        "episodes_per_min": round(60 * len(work.new) / work.loop_s, 3) if work.new and work.loop_s > 0 else 0.0,
+        "requests": work.requests,
+        "observations": work.observations,
+        "mean_request_batch": round(work.observations / work.requests, 3) if work.requests else 0.0,
+        "measured_at": created_at if work.new else None,  # when the run that measured these numbers ended
+    }
+
+
+def _saved_results(out: Path) -> dict[str, Any] | None:
+    """The ``results.json`` of an earlier run in ``out`` (None if missing or unreadable)."""
+    try:
+        saved = json.loads((out / RESULTS_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def _filmed_failures(records: list[EpisodeRecord], video_episodes: int) -> dict[str, int]:
+    """Failure MP4s each task already has (resumed runs keep their count toward the cap)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.video is not None and not r.success and r.episode >= video_episodes:
+            counts[r.task] = counts.get(r.task, 0) + 1
+    return counts
+
+
+def _identity(metadata: dict[str, Any], source: str) -> dict[str, Any]:
+    """Which checkpoint / family was evaluated: from the policy's (server's) metadata, else its source."""
+    checkpoint = next((str(metadata[k]) for k in CHECKPOINT_KEYS if metadata.get(k)), source)
+    family = next((str(metadata[k]) for k in FAMILY_KEYS if metadata.get(k)), None)
+    return {"checkpoint": checkpoint, "family": family}
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def _policy_name(config: EvalConfig, policy: BasePolicy) -> str:

@@ -59,8 +59,17 @@ def _rate(successes: int, n: int) -> dict[str, Any]:
     }
 
 
+def _policy_failure(record: EpisodeRecord) -> bool:
+    """Failed, and not because its simulator worker crashed, hung or raised (an infrastructure failure)."""
+    return not record.success and record.worker_error is None
+
+
 def summarize(records: Iterable[EpisodeRecord], tasks: Sequence[str]) -> dict[str, Any]:
-    """Totals and per-task stats (in ``tasks`` order) over ``records``."""
+    """Totals and per-task stats (in ``tasks`` order) over ``records``.
+
+    Per task, ``failed_seeds`` lists the reset seeds of the episodes the policy failed (episode
+    order), to replay them; ``infra_failures`` counts episodes lost to a crashed or hung worker.
+    """
     recs = list(records)
     per_task: dict[str, Any] = {}
     for task in tasks:
@@ -69,6 +78,8 @@ def summarize(records: Iterable[EpisodeRecord], tasks: Sequence[str]) -> dict[st
         stats["mean_steps"] = round(float(np.mean([r.steps for r in mine])), 3) if mine else 0.0
         stats["mean_return"] = round(float(np.mean([r.episode_return for r in mine])), 6) if mine else 0.0
         stats["truncated"] = sum(r.truncated_reason is not None for r in mine)
+        stats["infra_failures"] = sum(r.worker_error is not None for r in mine)
+        stats["failed_seeds"] = [r.seed for r in sorted(mine, key=lambda r: r.episode) if _policy_failure(r)]
         per_task[task] = stats
     totals = _rate(sum(r.success for r in recs), len(recs))
     reasons: dict[str, int] = {}
@@ -76,6 +87,7 @@ def summarize(records: Iterable[EpisodeRecord], tasks: Sequence[str]) -> dict[st
         if r.truncated_reason is not None:
             reasons[r.truncated_reason] = reasons.get(r.truncated_reason, 0) + 1
     totals["truncated_reasons"] = dict(sorted(reasons.items()))
+    totals["infra_failures"] = sum(r.worker_error is not None for r in recs)
     totals["mean_task_success_rate"] = (
         float(np.mean([s["success_rate"] for s in per_task.values()])) if per_task else 0.0
     )

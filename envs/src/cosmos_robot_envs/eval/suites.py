@@ -15,7 +15,7 @@ LeRobot's evaluations.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,17 +37,43 @@ class Suite:
     video_key: str  # env observation key of the agent-view camera
     reset_options: Callable[[EpisodeSpec], dict[str, Any]] = field(default=lambda spec: {"task": spec.task})
 
-    def resolve_tasks(self, tasks: tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
-        """``tasks`` checked against the suite (empty or None: all of them, in suite order)."""
-        if not tasks:
+    def resolve_tasks(self, tasks: str | Sequence[str | int] | None) -> tuple[str, ...]:
+        """``tasks`` checked against the suite, as names in the order given (empty or None: all of them).
+
+        Each item is a task name, an index into ``task_names`` (``3``) or an inclusive index range
+        (``"0-4"``); a string is split on commas (``"0,3"``). Indices exist because LIBERO's task
+        names are 80-character sentences. An exact name always wins over an index reading.
+        """
+        items = tasks.split(",") if isinstance(tasks, str) else list(tasks or ())
+        words = [str(t).strip() for t in items if str(t).strip()]
+        if not words:
             return self.task_names
-        unknown = [t for t in tasks if t not in self.task_names]
+        resolved: list[str] = []
+        unknown: list[str] = []
+        for word in words:
+            picked = [word] if word in self.task_names else self._by_index(word)
+            if picked is None:
+                unknown.append(word)
+            else:
+                resolved.extend(picked)
         if unknown:
+            n = len(self.task_names)
+            listed = ", ".join(f"[{i}] {name}" for i, name in enumerate(self.task_names))
             raise ValueError(
-                f"tasks: {', '.join(repr(t) for t in unknown)} not in suite {self.name!r}; "
-                f"its tasks: {', '.join(self.task_names)}"
+                f"tasks: {', '.join(repr(t) for t in unknown)} not in suite {self.name!r}; its tasks: {listed} "
+                f"(or pick them by index 0-{n - 1}, e.g. '0,3' or '0-{min(n - 1, 4)}')"
             )
-        return tuple(dict.fromkeys(tasks))
+        return tuple(dict.fromkeys(resolved))
+
+    def _by_index(self, word: str) -> list[str] | None:
+        """The tasks ``word`` names as an index (``"3"``) or inclusive range (``"0-4"``); None if it is neither."""
+        lo, sep, hi = word.partition("-")
+        if not (lo.strip().isdigit() and (not sep or hi.strip().isdigit())):
+            return None
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if first > last or last >= len(self.task_names):
+            return None
+        return list(self.task_names[first : last + 1])
 
 
 def _tabletop_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None) -> EnvFn:

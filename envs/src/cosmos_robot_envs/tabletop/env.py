@@ -16,7 +16,7 @@ Observation modes (``obs_mode``):
 ``info`` always carries ``task``, ``is_success``, ``dense_reward`` (shaping in [0, 1]) and
 ``object_state``. The reward is sparse: 1.0 on the step that succeeds, else 0.0. An episode terminates
 on success and truncates at the task's ``max_steps`` (or the ``max_steps`` argument); the env does it
-itself rather than through ``TimeLimit`` because the multi-task env's horizon changes per episode.
+itself rather than through ``TimeLimit`` because the multi-task env's ``max_steps`` changes per episode.
 
 Vectorising: the project's vector layer (``cosmos_robot_envs.vector``) carries ``prompt`` correctly.
 gymnasium 1.4's own ``AsyncVectorEnv`` with ``shared_memory=True`` does not (it reads Text observations
@@ -144,7 +144,7 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
 
     @property
     def max_steps(self) -> int:
-        """The truncation horizon of the current episode, in 20 Hz steps."""
+        """The episode length at which the current episode truncates, in 20 Hz steps."""
         return self._max_steps_override or self.task_spec.max_steps
 
     # ------------------------------------------------------------------ gymnasium API

@@ -85,7 +85,9 @@ class ExpertPolicy(BasePolicy):
 
     ``task=None`` serves every tabletop task (read from the one-hot in ``object_state``).
     Accepts env observation keys (``state``, ``object_state``) or wire keys
-    (``observation/state``, ``observation/object_state``).
+    (``observation/state``, ``observation/object_state``). ``action_horizon`` (the chunk's rows, our
+    ``chunk_size``) keeps the name of the metadata key it announces, as ``-a action_horizon=`` of the
+    example policies does (docs/protocol.md, section 7).
     """
 
     def __init__(self, task: str | None = None, action_horizon: int = 10) -> None:

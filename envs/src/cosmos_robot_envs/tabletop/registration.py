@@ -5,8 +5,8 @@ Ids: ``CosmosRobot/Reach-v0``, ``CosmosRobot/Push-v0``, ``CosmosRobot/PickPlace-
 episode with ``reset(options={"task": name})``). Keyword arguments pass through to ``TabletopEnv``,
 e.g. ``gym.make("CosmosRobot/Push-v0", obs_mode="state")`` or ``image_size=64``.
 
-No ``max_episode_steps`` is registered: the env truncates itself at its task's horizon (the
-multi-task env's horizon changes per episode); pass ``max_steps=N`` to change it. Registration only
+No ``max_episode_steps`` is registered: the env truncates itself at its task's ``max_steps`` (the
+multi-task env's ``max_steps`` changes per episode); pass ``max_steps=N`` to change it. Registration only
 names an entry point, so it is cheap and idempotent.
 """
 

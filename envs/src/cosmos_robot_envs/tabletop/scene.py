@@ -96,20 +96,25 @@ def _bowl_geoms() -> str:
 
 
 def build_scene_xml(height: int = 128, width: int = 128) -> str:
-    """The full MJCF; ``height``/``width`` size the offscreen buffer (kept small for software GL)."""
-    # High and steep enough that the whole task workspace (reach targets up to 25 cm high, cubes,
-    # bowl, drawer) stays in view: a lower, closer camera cut off targets at the image edges,
-    # which capped image-based policies on reach at ~20% success.
-    cam_pos = np.array([0.45, 0.0, 0.75])
-    agent_axes = _look_at(cam_pos, np.array([-0.02, 0.0, 0.05]))
-    wrist_pos = np.array([0.06, 0.0, -0.01])
-    wrist_axes = _look_at(wrist_pos, np.array([0.0, 0.0, -0.1]))
-    f_lo, f_hi = FINGER_RANGE
-    d_lo, d_hi = DRAWER_RANGE
-    hx, hy, hz = HANDLE_OFFSET
+    """The full MJCF; ``height``/``width`` size the offscreen buffer (kept small for software GL).
+
+    Each part below returns its lines indented for their place in the document.
+    """
+    world = "\n".join((_room(), _agent_camera(), "", _gripper(), "", _objects(), _cabinet()))
     return f"""
 <mujoco model="cosmos_tabletop">
-  <compiler angle="radian" autolimits="true"/>
+{_settings(height, width)}
+  <worldbody>
+{world}
+  </worldbody>
+{_gripper_drive()}
+</mujoco>
+"""
+
+
+def _settings(height: int, width: int) -> str:
+    """Compiler, physics step, offscreen buffer, lighting and the contact defaults."""
+    return f"""  <compiler angle="radian" autolimits="true"/>
   <statistic extent="1" center="0 0 0.1"/>
   <option timestep="{PHYSICS_DT}" integrator="implicitfast"/>
   <visual>
@@ -120,21 +125,44 @@ def build_scene_xml(height: int = 128, width: int = 128) -> str:
   </visual>
   <default>
     <geom friction="1.0 0.005 0.0001" solref="0.01 1" solimp="0.95 0.99 0.001"/>
-  </default>
-  <worldbody>
-    <light directional="true" castshadow="false" pos="0 0 2" dir="0.3 0.2 -1" diffuse="0.4 0.4 0.4"
+  </default>"""
+
+
+def _room() -> str:
+    """The light, the floor and the table."""
+    return f"""    <light directional="true" castshadow="false" pos="0 0 2" dir="0.3 0.2 -1" diffuse="0.4 0.4 0.4"
       specular="0 0 0"/>
     <geom name="floor" type="box" size="4 4 0.05" pos="0 0 -0.85" rgba="{COLORS["floor"]}" {_STATIC}/>
-    <geom name="table" type="box" size="0.5 0.6 0.4" pos="0 0 -0.4" rgba="{COLORS["table"]}" {_STATIC}/>
-    <camera name="agentview" pos="{cam_pos[0]} {cam_pos[1]} {cam_pos[2]}" xyaxes="{agent_axes}" fovy="50"/>
+    <geom name="table" type="box" size="0.5 0.6 0.4" pos="0 0 -0.4" rgba="{COLORS["table"]}" {_STATIC}/>"""
 
-    <body name="hand_mocap" mocap="true" pos="0 0 0.3"/>
+
+def _agent_camera() -> str:
+    """The fixed third-person camera."""
+    # High and steep enough that the whole task workspace (reach targets up to 25 cm high, cubes,
+    # bowl, drawer) stays in view: a lower, closer camera cut off targets at the image edges,
+    # which capped image-based policies on reach at ~20% success.
+    pos = np.array([0.45, 0.0, 0.75])
+    axes = _look_at(pos, np.array([-0.02, 0.0, 0.05]))
+    return f'    <camera name="agentview" pos="{pos[0]} {pos[1]} {pos[2]}" xyaxes="{axes}" fovy="50"/>'
+
+
+def _wrist_camera() -> str:
+    """The camera on the hand, looking down between the fingers."""
+    pos = np.array([0.06, 0.0, -0.01])
+    axes = _look_at(pos, np.array([0.0, 0.0, -0.1]))
+    return f'      <camera name="wrist" pos="{pos[0]} {pos[1]} {pos[2]}" xyaxes="{axes}" fovy="65"/>'
+
+
+def _gripper() -> str:
+    """The mocap target and the free hand (palm, wrist camera, end-effector site, two slide fingers)."""
+    f_lo, f_hi = FINGER_RANGE
+    return f"""    <body name="hand_mocap" mocap="true" pos="0 0 0.3"/>
     <body name="hand" pos="0 0 0.3" gravcomp="1">
       <freejoint name="hand_free"/>
       <geom name="palm" type="box" size="0.02 0.055 0.012" mass="0.4" rgba="{COLORS["palm"]}" {_MOVING}/>
       <geom name="wrist" type="cylinder" size="0.022 0.035" pos="0 0 0.047" mass="0.1" rgba="{COLORS["palm"]}"
         {_VISUAL}/>
-      <camera name="wrist" pos="{wrist_pos[0]} {wrist_pos[1]} {wrist_pos[2]}" xyaxes="{wrist_axes}" fovy="65"/>
+{_wrist_camera()}
       <site name="eef" pos="0 0 {EEF_OFFSET}" size="0.004" rgba="1 1 1 0" group="5"/>
       <body name="finger_left" pos="0 0.006 -0.037" gravcomp="1">
         <joint name="finger_left" type="slide" axis="0 1 0" range="{f_lo} {f_hi}" damping="16" armature="0.2"/>
@@ -146,9 +174,28 @@ def build_scene_xml(height: int = 128, width: int = 128) -> str:
         <geom name="finger_right" type="box" size="0.012 0.006 0.025" mass="0.02" condim="4"
           friction="1.5 0.01 0.001" rgba="{COLORS["finger"]}" {_MOVING}/>
       </body>
-    </body>
+    </body>"""
 
-    <body name="red_cube" pos="2 -0.5 -0.78">
+
+def _gripper_drive() -> str:
+    """What moves the gripper: the weld to its mocap target and the two finger actuators."""
+    f_lo, f_hi = FINGER_RANGE
+    return f"""  <contact>
+    <exclude body1="finger_left" body2="finger_right"/>
+  </contact>
+  <equality>
+    <weld name="hand_weld" body1="hand_mocap" body2="hand" relpose="0 0 0 1 0 0 0" solref="0.01 1"
+      solimp="0.6 0.8 0.001"/>
+  </equality>
+  <actuator>
+    <position name="finger_left" joint="finger_left" kp="300" ctrlrange="{f_lo} {f_hi}" forcerange="-12 12"/>
+    <position name="finger_right" joint="finger_right" kp="300" ctrlrange="{f_lo} {f_hi}" forcerange="-12 12"/>
+  </actuator>"""
+
+
+def _objects() -> str:
+    """The two cubes, the reach target, the push goal and the bowl (parked out of view until a task places them)."""
+    return f"""    <body name="red_cube" pos="2 -0.5 -0.78">
       <freejoint name="red_cube"/>
       <geom name="red_cube" type="box" size="{CUBE_HALF} {CUBE_HALF} {CUBE_HALF}" mass="0.05" rgba="{COLORS["red"]}"
         {_MOVING}/>
@@ -166,8 +213,14 @@ def build_scene_xml(height: int = 128, width: int = 128) -> str:
     </body>
     <body name="bowl" mocap="true" pos="2 0 0">
         {_bowl_geoms()}
-    </body>
-    <body name="cabinet" mocap="true" pos="2 0 0">
+    </body>"""
+
+
+def _cabinet() -> str:
+    """The cabinet (static walls) and its drawer on a slide joint, with the handle the expert grasps."""
+    d_lo, d_hi = DRAWER_RANGE
+    hx, hy, hz = HANDLE_OFFSET
+    return f"""    <body name="cabinet" mocap="true" pos="2 0 0">
       <geom type="box" size="0.1 0.005 0.065" pos="-0.1 0.125 0.065" rgba="{COLORS["cabinet"]}" {_STATIC}/>
       <geom type="box" size="0.1 0.005 0.065" pos="-0.1 -0.125 0.065" rgba="{COLORS["cabinet"]}" {_STATIC}/>
       <geom type="box" size="0.1 0.13 0.005" pos="-0.1 0 0.125" rgba="{COLORS["cabinet"]}" {_STATIC}/>
@@ -193,18 +246,4 @@ def build_scene_xml(height: int = 128, width: int = 128) -> str:
         <geom type="box" size="{hx / 2:.4f} 0.006 0.006" pos="{hx / 2:.4f} -0.05 {hz}" density="300"
           rgba="{COLORS["handle"]}" {_MOVING}/>
       </body>
-    </body>
-  </worldbody>
-  <contact>
-    <exclude body1="finger_left" body2="finger_right"/>
-  </contact>
-  <equality>
-    <weld name="hand_weld" body1="hand_mocap" body2="hand" relpose="0 0 0 1 0 0 0" solref="0.01 1"
-      solimp="0.6 0.8 0.001"/>
-  </equality>
-  <actuator>
-    <position name="finger_left" joint="finger_left" kp="300" ctrlrange="{f_lo} {f_hi}" forcerange="-12 12"/>
-    <position name="finger_right" joint="finger_right" kp="300" ctrlrange="{f_lo} {f_hi}" forcerange="-12 12"/>
-  </actuator>
-</mujoco>
-"""
+    </body>"""

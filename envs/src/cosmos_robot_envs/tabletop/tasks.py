@@ -1,4 +1,4 @@
-"""Task catalogue of the tabletop suite: names, instructions, horizons, gymnasium ids, observation layout.
+"""Task catalogue of the tabletop suite: names, instructions, max_steps, gymnasium ids, observation layout.
 
 Pure data with no MuJoCo import, so registration and CLIs (``--suite tabletop --tasks reach,push``)
 can list tasks without building a simulator.
@@ -39,7 +39,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One task: its instruction (the ``prompt``), episode horizon at 20 Hz and gymnasium id."""
+    """One task: its instruction (the ``prompt``), episode length ``max_steps`` at 20 Hz and gymnasium id."""
 
     name: str
     instruction: str

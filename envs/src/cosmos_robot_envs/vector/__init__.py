@@ -41,7 +41,8 @@ worker; a reset that still fails reports the same two info keys and leaves the e
 """
 
 from cosmos_robot_envs.vector.base import BatchedEnv
-from cosmos_robot_envs.vector.factory import EnvFactory, Mode, make_vector_env
+from cosmos_robot_envs.vector.env_factory import EnvFactory
+from cosmos_robot_envs.vector.factory import Mode, make_vector_env
 from cosmos_robot_envs.vector.runner import ENV_ERROR, WORKER_CRASHED, WORKER_TIMEOUT
 
 __all__ = [

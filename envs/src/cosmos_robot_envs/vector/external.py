@@ -88,7 +88,7 @@ def start_external_worker(python: str, index: int, env_id: str, kwargs: dict[str
 
 
 def _main(argv: list[str]) -> None:
-    from cosmos_robot_envs.vector.factory import EnvFactory
+    from cosmos_robot_envs.vector.env_factory import EnvFactory
     from cosmos_robot_envs.vector.wire import unpack
     from cosmos_robot_envs.vector.worker import worker_main
 

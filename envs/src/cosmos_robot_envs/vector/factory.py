@@ -1,58 +1,23 @@
-"""One entry point, :func:`make_vector_env`, and env factories that travel to workers as plain data.
+"""One entry point, :func:`make_vector_env`, over the sync, async (processes) and Ray back ends.
 
-Why an ``EnvFactory`` dataclass: a worker process or Ray actor needs a callable that builds its env.
-An env id plus keyword arguments is data (no code), so it crosses to a ``spawn``/``forkserver`` worker
-by reference, and the worker imports the module that registers the id (gymnasium ids such as
-``gym_pusht/PushT-v0`` only exist after their package is imported).
+``EnvFactory`` (env id + kwargs as plain data) lives in ``env_factory``; the back ends are imported
+only when a mode asks for them.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import gymnasium as gym
 
 from cosmos_robot_envs.vector.base import BatchedEnv
+from cosmos_robot_envs.vector.env_factory import EnvFactory
 from cosmos_robot_envs.vector.runner import EnvFn
 
 __all__ = ["EnvFactory", "Mode", "make_vector_env"]
 
 Mode = Literal["sync", "async", "ray"]
-
-# gymnasium namespaces whose registering module is not the namespace itself
-_NAMESPACE_MODULES = {"CosmosRobot": "cosmos_robot_envs.tabletop", "Libero": "cosmos_robot_envs.libero"}
-
-
-@dataclass(frozen=True)
-class EnvFactory:
-    """``gymnasium.make(env_id, **kwargs)``, importing the package that registers ``env_id`` first.
-
-    ``python``: run this env's worker under that interpreter (another venv; see
-    :mod:`cosmos_robot_envs.vector.external`); only the ``"async"`` mode can, and ``kwargs`` must then
-    be plain data (msgpack). None: the current interpreter.
-    """
-
-    env_id: str
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    python: str | None = None
-
-    def __call__(self) -> gym.Env[Any, Any]:
-        env_id = self.env_id
-        if ":" not in env_id and "/" in env_id:
-            namespace = env_id.split("/", 1)[0]
-            if namespace not in {spec.namespace for spec in gym.registry.values()}:
-                module = _NAMESPACE_MODULES.get(namespace, namespace)
-                try:
-                    importlib.import_module(module)
-                except ImportError as exc:
-                    raise gym.error.NamespaceNotFound(
-                        f"env id {env_id!r}: namespace {namespace!r} is not registered and module {module!r} "
-                        f"cannot be imported ({exc})"
-                    ) from exc
-        return gym.make(env_id, **self.kwargs)
 
 
 def make_vector_env(

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 
 from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd
+from cosmos_robot_envs.vector.env_factory import EnvFactory
 from cosmos_robot_envs.vector.external import start_external_worker
-from cosmos_robot_envs.vector.factory import EnvFactory
 from cosmos_robot_envs.vector.runner import ENV_ERROR, WORKER_CRASHED, WORKER_TIMEOUT, EnvFn, EnvReply, Failure, Outcome
 from cosmos_robot_envs.vector.spaces import space_from_data
 from cosmos_robot_envs.vector.wire import WireError, pack, unpack

@@ -23,6 +23,8 @@ __all__ = ["CHECKPOINTS", "CONFIG_FILE", "RunDirError", "prepare_run_dir", "trai
 
 CONFIG_FILE = "config.resolved.json"
 CHECKPOINTS = "checkpoints"
+# fields renamed since a saved config may have been written: old dotted name -> new (issue 14)
+RENAMED_FIELDS = {"model.horizon": "model.chunk_size"}
 _OURS = (CONFIG_FILE, CHECKPOINTS, "metrics.jsonl", "tensorboard", "final", "learning_curve.png", "eval")
 
 
@@ -40,9 +42,12 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def training_relevant_diff(saved: dict[str, Any], current: dict[str, Any], runtime_fields: Iterable[str]) -> list[str]:
-    """``field: saved X, now Y`` for every field that differs and is not a runtime field (or under one)."""
+    """``field: saved X, now Y`` for every field that differs and is not a runtime field (or under one).
+
+    A saved field under an old name (``RENAMED_FIELDS``) is compared under its new one."""
     runtime = tuple(runtime_fields)
-    a, b = _flatten(saved), _flatten(current)
+    a = {RENAMED_FIELDS.get(k, k): v for k, v in _flatten(saved).items()}
+    b = _flatten(current)
 
     def is_runtime(name: str) -> bool:
         return any(name == f or name.startswith(f + ".") for f in runtime)

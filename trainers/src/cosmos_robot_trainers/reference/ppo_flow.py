@@ -112,7 +112,7 @@ def rollout(args: Args, policy: FlowPolicy, envs: BatchedEnv, iteration: int) ->
         )
     }
     obs: dict = {}
-    success = []
+    success: list[float] = []
     while schedule or any(e is not None for e in episode_of):
         free = [i for i in range(n) if episode_of[i] is None]
         if free and schedule:
@@ -136,31 +136,10 @@ def rollout(args: Args, policy: FlowPolicy, envs: BatchedEnv, iteration: int) ->
                 num_steps=args.num_flow_steps,
                 generator=gen,
                 noise_level=args.noise_level,
-                horizon=args.replan_steps,
+                replan_steps=args.replan_steps,
                 dims=policy.config.action_dim,
             )
-        chunks = np.stack(
-            [run_transforms(policy.output_transforms, {"actions": a})["actions"] for a in sample.actions.numpy()]
-        )
-        chunks = np.clip(chunks[:, : args.replan_steps], -1.0, 1.0)
-        reward = np.zeros(len(active), dtype=np.float32)
-        done = np.zeros(len(active), dtype=bool)
-        cut = np.zeros(len(active), dtype=bool)
-        for h in range(args.replan_steps):
-            alive = np.zeros(n, dtype=bool)
-            actions = np.zeros((n, chunks.shape[-1]), dtype=np.float32)
-            for j, i in enumerate(active):
-                if not done[j]:
-                    alive[i], actions[i] = True, chunks[j, h]
-            if not alive.any():
-                break
-            obs, r, term, trunc, infos = envs.step(actions, mask=alive)
-            for j, i in enumerate(active):
-                if alive[i]:
-                    reward[j] += float(r[i])
-                    if term[i] or trunc[i]:
-                        done[j], cut[j] = True, bool(trunc[i]) and not bool(term[i])
-                        success.append(float(infos[i].get("is_success", False)))
+        obs, reward, done, cut = execute_chunk(args, policy, envs, sample.actions, active, obs, success)
         boot = np.zeros(len(active), dtype=np.float32)
         if cut.any():
             rows = [active[j] for j in np.flatnonzero(cut)]
@@ -184,6 +163,42 @@ def rollout(args: Args, policy: FlowPolicy, envs: BatchedEnv, iteration: int) ->
                 episode_of[i] = None
     data["success"] = success
     return data
+
+
+def execute_chunk(
+    args: Args,
+    policy: FlowPolicy,
+    envs: BatchedEnv,
+    sampled: torch.Tensor,
+    active: list[int],
+    obs: dict,
+    success: list[float],
+) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    """One MDP step: the active envs execute the first ``replan_steps`` actions of their chunks (an env
+    stops at its episode's end). Returns the last observations, each env's summed reward, which episodes
+    ended and which of those the time limit cut; appends each ended episode's success to ``success``."""
+    n = envs.num_envs
+    chunks = np.stack([run_transforms(policy.output_transforms, {"actions": a})["actions"] for a in sampled.numpy()])
+    chunks = np.clip(chunks[:, : args.replan_steps], -1.0, 1.0)
+    reward = np.zeros(len(active), dtype=np.float32)
+    done = np.zeros(len(active), dtype=bool)
+    cut = np.zeros(len(active), dtype=bool)
+    for h in range(args.replan_steps):
+        alive = np.zeros(n, dtype=bool)
+        actions = np.zeros((n, chunks.shape[-1]), dtype=np.float32)
+        for j, i in enumerate(active):
+            if not done[j]:
+                alive[i], actions[i] = True, chunks[j, h]
+        if not alive.any():
+            break
+        obs, r, term, trunc, infos = envs.step(actions, mask=alive)
+        for j, i in enumerate(active):
+            if alive[i]:
+                reward[j] += float(r[i])
+                if term[i] or trunc[i]:
+                    done[j], cut[j] = True, bool(trunc[i]) and not bool(term[i])
+                    success.append(float(infos[i].get("is_success", False)))
+    return obs, reward, done, cut
 
 
 def gae(args: Args, data: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -254,7 +269,7 @@ def main(args: Args) -> FlowPolicy:
                         "flow_sde",
                         sde_step=sde[mb],
                         noise_level=args.noise_level,
-                        horizon=args.replan_steps,
+                        replan_steps=args.replan_steps,
                         dims=policy.config.action_dim,
                     ).log_prob
                     ratio = torch.exp(logp - old_logp[mb])

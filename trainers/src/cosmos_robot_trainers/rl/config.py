@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from cosmos_robot.config import StrictModel
+from cosmos_robot_trainers.common.evaluation import EvalSchedule
 
 __all__ = [
     "ALGORITHMS",
@@ -55,7 +56,7 @@ class RolloutConfig(StrictModel):
     """How episodes are collected each iteration."""
 
     episodes_per_iter: int = Field(default=32, ge=1)  # episodes per iteration (a multiple of algo.group_size)
-    replan_steps: int = Field(default=5, ge=1)  # executed actions per chunk: one MDP step (H in the notes)
+    replan_steps: int = Field(default=5, ge=1)  # actions executed open-loop per chunk (<= chunk_size): one MDP step
     sample_mode: Literal["flow_sde", "flow_noise", "ode"] = "flow_sde"  # log-prob sampler (ode: NFT/DPO only)
     num_flow_steps: int | None = Field(default=None, ge=1)  # denoising steps K (None: the checkpoint's)
     noise_level: float | None = Field(default=None, gt=0)  # Flow-SDE a in sigma_t = a sqrt(t/(1-t)) (None: ckpt)
@@ -126,16 +127,16 @@ class TrainConfig(StrictModel):
     progress: bool = True  # progress bar on stderr
 
 
-class EvalConfig(StrictModel):
-    """Periodic deterministic (ODE) evaluation on held-out layouts; its success is the learning curve."""
+class EvalConfig(EvalSchedule):
+    """The shared eval schedule with RL's defaults: evaluate before, during (every 10 iterations) and after
+    training, deterministically (ODE) on held-out layouts; its success is the learning curve. The suite,
+    tasks, image size and executed chunk length are the training env's (``env``, ``rollout``)."""
 
     every: int = Field(default=10, ge=0)  # iterations between evaluations (0: none between eval.initial and eval.final)
     initial: bool = True  # evaluate the starting policy before training
     final: bool = True  # evaluate the final policy
-    episodes_per_task: int = Field(default=10, ge=1)  # episodes per task and evaluation
-    final_episodes_per_task: int = Field(default=25, ge=1)  # episodes per task of the final evaluation
+    final_episodes_per_task: int | None = Field(default=25, ge=1)  # episodes per task of the final evaluation
     num_envs: int = Field(default=8, ge=1)  # envs in lockstep
-    seed: int = 1000  # eval seeds (held out from training seeds)
     vector_mode: Literal["sync", "async"] = "async"
 
 
@@ -152,7 +153,7 @@ class RLConfig(StrictModel):
 
     trainer: Literal["joint_ppo", "grpo", "nft", "dpo"]  # which algorithm
     name: str = "rl"  # run name (logs)
-    init: str  # the starting policy folder (a `flow` checkpoint, e.g. an SFT run's final/)
+    init: str  # the starting checkpoint folder (any family with RL: an SFT run's final/, ...) or tiny:<family>
     env: EnvConfig = Field(default_factory=lambda: EnvConfig())
     rollout: RolloutConfig = Field(default_factory=lambda: RolloutConfig())
     reward: RewardConfig = Field(default_factory=lambda: RewardConfig())

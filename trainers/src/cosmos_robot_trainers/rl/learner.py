@@ -106,7 +106,7 @@ def update_policy_gradient(
     """PPO / GRPO / GSPO epochs over the rollout. ``adv.returns`` set -> joint PPO with the value loss."""
     algo, o = config.algo, config.optim
     device = next(model.parameters()).device
-    horizon = config.rollout.replan_steps
+    replan_steps = config.rollout.replan_steps
     dims = int(getattr(model, "action_dims", model.config.action_dim))  # executed dims, never padding
     use_value = adv.returns is not None
     gspo = config.trainer == "grpo" and algo.policy_loss == "gspo"
@@ -120,7 +120,7 @@ def update_policy_gradient(
 
     def log_prob(m: RLModel, context: Any, mb: torch.Tensor) -> Any:
         chain, sde = rollout.chain[mb].to(device), rollout.sde_step[mb].to(device)
-        return recompute_log_prob(m, context, chain, sample_mode, sde, noise_level, horizon, dims)
+        return recompute_log_prob(m, context, chain, sample_mode, sde, noise_level, replan_steps, dims)
 
     for _ in range(o.epochs):
         if gspo:  # minibatches of whole episodes (the ratio is per sequence)
@@ -205,7 +205,7 @@ def _gspo(
 
 def _flow_draws(n: int, model: RLModel, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     cfg = model.config
-    noise = torch.randn((n, cfg.horizon, cfg.action_dim), generator=generator)
+    noise = torch.randn((n, cfg.chunk_size, cfg.action_dim), generator=generator)
     return noise, model.sample_time(n, generator)
 
 

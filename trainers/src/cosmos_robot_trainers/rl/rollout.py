@@ -5,6 +5,8 @@ batched forward pass (encoder, value head, K denoising steps with log-probs), th
 ``replan_steps`` actions of its chunk; the rewards inside a chunk are summed into one MDP step
 (notes §1.4, chunk-level MDP). An env whose episode ends starts the next episode of the iteration's
 schedule at the next decision, so the envs stay busy while episodes of different lengths finish.
+The loop is the shared episode scheduler (``cosmos_robot_envs.episodes``) with aligned starts, so
+every decision covers all live envs; this module only supplies its hooks (``_RolloutHooks``).
 
 Why an explicit episode schedule (``episode_specs``): GRPO, NFT and DPO compare episodes that start
 from the same initial state, so a group of ``group_size`` specs shares one (task, seed); PPO uses
@@ -26,8 +28,7 @@ Episode success and return statistics always use the unshaped env reward.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -35,11 +36,12 @@ import numpy as np
 import torch
 
 from cosmos_robot.policies.flow.sampling import sample_actions
+from cosmos_robot_envs.episodes import EpisodeHooks, EpisodeOutcome, EpisodeScheduler, LiveEpisode, Step, obs_row
 from cosmos_robot_envs.eval import get_suite
 from cosmos_robot_envs.eval.suites import LIBERO_INIT_STATES
 from cosmos_robot_envs.vector import BatchedEnv, EnvFactory, make_vector_env
 from cosmos_robot_trainers.rl.config import RLConfig
-from cosmos_robot_trainers.rl.policies import RLPolicy
+from cosmos_robot_trainers.rl.policies import RLAdapter as RLPolicy
 
 __all__ = ["EpisodeSpec", "Rollout", "RolloutWorker", "concat_rollouts", "episode_specs", "make_envs"]
 
@@ -187,15 +189,6 @@ def make_envs(config: RLConfig, num_envs: int | None = None) -> BatchedEnv:
     )
 
 
-@dataclass
-class _Slot:
-    spec: EpisodeSpec
-    potential: float = 0.0  # info["dense_reward"] of the latest observation (progress shaping)
-    ret: float = 0.0
-    steps: int = 0
-    decisions: int = 0
-
-
 class _Recorder:
     """Accumulates decision rows and finished episodes; ``build`` stacks them into a ``Rollout``."""
 
@@ -253,9 +246,11 @@ class RolloutWorker:
         self.policy = policy
         self.venv = make_envs(config, num_envs)
         cfg = policy.model.config
-        self.horizon = config.rollout.replan_steps
-        if self.horizon > cfg.horizon:
-            raise ValueError(f"rollout.replan_steps ({self.horizon}) exceeds the policy's chunk length ({cfg.horizon})")
+        self.replan_steps = config.rollout.replan_steps
+        if self.replan_steps > cfg.chunk_size:
+            raise ValueError(
+                f"rollout.replan_steps ({self.replan_steps}) exceeds the policy's chunk_size ({cfg.chunk_size})"
+            )
         self.num_flow_steps = config.rollout.num_flow_steps or cfg.num_flow_steps
         self.noise_level = config.rollout.noise_level or cfg.noise_level
 
@@ -268,13 +263,17 @@ class RolloutWorker:
         self.venv.close()
 
     # --- model side --------------------------------------------------------------------------------
-    def _model_batch(self, obs: dict[str, Any], rows: Sequence[int]) -> dict[str, Any]:
-        cameras = [k for k, v in obs.items() if isinstance(v, np.ndarray) and v.ndim == 4 and v.dtype == np.uint8]
+    def _model_batch(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Model inputs of env observation rows (every uint8 image key is a camera)."""
         wire = []
-        for i in rows:
-            w = {f"observation/{cam}": obs[cam][i] for cam in cameras}
-            w["observation/state"] = obs["state"][i]
-            w["prompt"] = str(obs["prompt"][i])
+        for row in rows:
+            w: dict[str, Any] = {
+                f"observation/{k}": v
+                for k, v in row.items()
+                if isinstance(v, np.ndarray) and v.ndim == 3 and v.dtype == np.uint8
+            }
+            w["observation/state"] = row["state"]
+            w["prompt"] = str(row["prompt"])
             wire.append(w)
         return self.policy.model_inputs(wire)
 
@@ -291,117 +290,116 @@ class RolloutWorker:
             num_steps=self.num_flow_steps,
             generator=generator,
             noise_level=self.noise_level,
-            horizon=self.horizon,
+            replan_steps=self.replan_steps,
             dims=self.policy.action_dims,
         )
         env_actions = self.policy.env_actions(sample.actions)
-        return sample, value.float().cpu(), np.clip(env_actions[:, : self.horizon], -1.0, 1.0)
+        return sample, value.float().cpu(), np.clip(env_actions[:, : self.replan_steps], -1.0, 1.0)
 
     @torch.no_grad()
-    def _final_values(self, obs: dict[str, Any], rows: Sequence[int]) -> np.ndarray:
-        batch = self._model_batch(obs, rows)
+    def _final_values(self, rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        batch = self._model_batch(rows)
         return self.policy.model.value(self.policy.model.encode(batch)).float().cpu().numpy()
 
     # --- the loop -------------------------------------------------------------------------------------
     def collect(self, specs: Sequence[EpisodeSpec], seed: int) -> Rollout:
         """Run every scheduled episode to its end; ``seed`` seeds the sampling noise."""
         self.policy.model.eval()
-        generator = torch.Generator().manual_seed(seed)
-        venv, n = self.venv, self.venv.num_envs
-        pending = list(specs)[::-1]
-        slots: list[_Slot | None] = [None] * n
         rec = _Recorder(specs)
-        obs: dict[str, Any] = {}
-        wall = {"env": 0.0, "policy": 0.0}
-        env_steps = 0
-        rcfg = self.config.reward
-        while pending or any(slots):
-            free = [i for i in range(n) if slots[i] is None]
-            if free and pending:
-                start = [(i, pending.pop()) for i in free[: len(pending)]]
-                mask = np.zeros(n, dtype=bool)
-                mask[[i for i, _ in start]] = True
-                t0 = time.perf_counter()
-                obs, infos = venv.reset(
-                    seeds=[s.seed for _, s in start],
-                    options=[reset_options(self.config, s) for _, s in start],
-                    mask=mask,
-                )
-                wall["env"] += time.perf_counter() - t0
-                for i, spec in start:
-                    if "truncated_reason" in infos[i]:
-                        rec.episodes[spec.index] = (0.0, 0.0, 0, True)  # reset failed twice; skip the episode
-                    else:
-                        slots[i] = _Slot(spec, potential=float(infos[i].get("dense_reward", 0.0)))
-            active = [i for i in range(n) if slots[i] is not None]
-            if not active:
-                continue
-            t0 = time.perf_counter()
-            batch = self._model_batch(obs, active)
-            sample, values, chunk = self._decide(batch, generator)
-            wall["policy"] += time.perf_counter() - t0
-            reward = np.zeros(len(active), dtype=np.float32)  # the env's (unshaped) reward, summed
-            shaped = np.zeros(len(active), dtype=np.float32)  # what the learner sees
-            done = np.zeros(len(active), dtype=bool)
-            truncated = np.zeros(len(active), dtype=bool)
-            t0 = time.perf_counter()
-            for h in range(self.horizon):
-                alive = np.zeros(n, dtype=bool)
-                actions = np.zeros((n, chunk.shape[-1]), dtype=np.float32)
-                for j, i in enumerate(active):
-                    if not done[j]:
-                        alive[i] = True
-                        actions[i] = chunk[j, h]
-                if not alive.any():
-                    break
-                obs, rewards, term, trunc, infos = venv.step(actions, mask=alive)
-                for j, i in enumerate(active):
-                    if not alive[i]:
-                        continue
-                    slot = slots[i]
-                    assert slot is not None
-                    env_steps += 1
-                    slot.steps += 1
-                    reward[j] += float(rewards[i])
-                    shaped[j] += rcfg.success_coef * float(rewards[i])
-                    if rcfg.shaping_coef > 0 and "dense_reward" in infos[i]:
-                        phi = float(infos[i]["dense_reward"])
-                        shaped[j] += rcfg.shaping_coef * (phi - slot.potential)
-                        slot.potential = phi
-                    if term[i] or trunc[i]:
-                        done[j] = True
-                        truncated[j] = bool(trunc[i]) and not bool(term[i])
-                        success = bool(infos[i].get("is_success", False))
-                        failed = "worker_error" in infos[i] or "truncated_reason" in infos[i]
-                        rec.episodes[slot.spec.index] = (
-                            float(success),
-                            slot.ret + float(reward[j]),
-                            slot.steps,
-                            failed,
-                        )
-            wall["env"] += time.perf_counter() - t0
-            bootstrap = np.zeros(len(active), dtype=np.float32)
-            cut = [j for j in range(len(active)) if truncated[j]]
-            if cut:
-                bootstrap[cut] = self._final_values(obs, [active[j] for j in cut])
-            rec.add(
-                inputs={k: v.cpu() if isinstance(v, torch.Tensor) else list(v) for k, v in batch.items()},
-                chain=sample.chain.float().cpu(),
-                sde_step=sample.sde_step.cpu(),
-                log_prob=sample.log_prob.float().cpu(),
-                value=values,
-                reward=shaped,
-                done=done,
-                truncated=truncated,
-                bootstrap=bootstrap,
-                episode=[slots[i].spec.index for i in active],  # type: ignore[union-attr]
-                step=np.array([slots[i].decisions for i in active]),  # type: ignore[union-attr]
-            )
-            for j, i in enumerate(active):
-                slot = slots[i]
-                assert slot is not None
-                slot.decisions += 1
-                slot.ret += float(reward[j])
-                if done[j]:
-                    slots[i] = None
-        return rec.build(env_steps, wall)
+        hooks = _RolloutHooks(self, torch.Generator().manual_seed(seed), rec)
+        scheduler = EpisodeScheduler[EpisodeSpec](
+            self.venv,
+            replan_steps=self.replan_steps,
+            align_starts=True,  # every decision covers all live envs: one forward pass each
+            reset_options=lambda spec: reset_options(self.config, spec),
+        )
+        scheduler.run(specs, hooks)
+        wall = {"env": scheduler.timing["env"], "policy": scheduler.timing["decide"]}
+        return rec.build(scheduler.env_steps, wall)
+
+
+@dataclass
+class _Decision:
+    """One batched decision while its chunks run: per row (j) the summed rewards and how its chunk ended."""
+
+    episodes: list[LiveEpisode[EpisodeSpec]]
+    step: np.ndarray  # (n,) int64 the decision's index within each episode
+    batch: dict[str, Any]
+    sample: Any
+    values: torch.Tensor
+    shaped: np.ndarray  # (n,) float32 the MDP reward: scaled, shaped env rewards summed over the executed slice
+    done: np.ndarray  # (n,) bool
+    truncated: np.ndarray  # (n,) bool
+    final: dict[int, Mapping[str, Any]] = field(default_factory=dict)  # j -> observation to bootstrap from
+    open: int = 0  # rows whose chunk is still running
+
+
+class _RolloutHooks(EpisodeHooks[EpisodeSpec]):
+    """RL on the episode scheduler: sample chunks, sum (shaped) rewards per chunk, bootstrap truncations.
+
+    A decision is recorded when the last of its chunks is over; the values of the final observations
+    of its time-limit truncations are then computed in one forward pass.
+    """
+
+    def __init__(self, worker: RolloutWorker, generator: torch.Generator, rec: _Recorder) -> None:
+        self.worker, self.generator, self.rec = worker, generator, rec
+        self.reward_cfg = worker.config.reward
+        self.current: dict[int, tuple[_Decision, int]] = {}  # episode position -> (decision, row in it)
+        self.potential: dict[int, float] = {}  # episode position -> info["dense_reward"] of its latest obs
+
+    def started(self, ep: LiveEpisode[EpisodeSpec], obs: dict[str, Any], info: dict[str, Any]) -> None:
+        self.potential[ep.position] = float(info.get("dense_reward", 0.0))
+
+    def decide(self, episodes: Sequence[LiveEpisode[EpisodeSpec]], obs: Any) -> np.ndarray:
+        batch = self.worker._model_batch([obs_row(obs, ep.row) for ep in episodes])
+        sample, values, chunk = self.worker._decide(batch, self.generator)
+        n = len(episodes)
+        flags = np.zeros(n, dtype=bool)
+        step = np.array([ep.decisions for ep in episodes], dtype=np.int64)
+        decision = _Decision(
+            list(episodes), step, batch, sample, values, np.zeros(n, dtype=np.float32), flags, flags.copy(), open=n
+        )
+        for j, ep in enumerate(episodes):
+            self.current[ep.position] = (decision, j)
+        return chunk
+
+    def stepped(self, ep: LiveEpisode[EpisodeSpec], step: Step) -> None:
+        d, j = self.current[ep.position]
+        d.shaped[j] += self.reward_cfg.success_coef * step.reward
+        if self.reward_cfg.shaping_coef > 0 and "dense_reward" in step.info:
+            phi = float(step.info["dense_reward"])
+            d.shaped[j] += self.reward_cfg.shaping_coef * (phi - self.potential[ep.position])
+            self.potential[ep.position] = phi
+
+    def chunk_done(self, ep: LiveEpisode[EpisodeSpec], obs: dict[str, Any], *, done: bool, truncated: bool) -> None:
+        d, j = self.current.pop(ep.position)
+        d.done[j], d.truncated[j] = done, truncated
+        if truncated:
+            d.final[j] = obs
+        d.open -= 1
+        if d.open == 0:
+            self._record(d)
+
+    def ended(self, outcomes: Sequence[EpisodeOutcome[EpisodeSpec]], obs: Any) -> None:
+        for o in outcomes:
+            self.potential.pop(o.position, None)
+            self.rec.episodes[o.spec.index] = (float(o.success), o.episode_return, o.steps, o.infra_failure)
+
+    def _record(self, d: _Decision) -> None:
+        bootstrap = np.zeros(len(d.episodes), dtype=np.float32)
+        cut = sorted(d.final)
+        if cut:
+            bootstrap[cut] = self.worker._final_values([d.final[j] for j in cut])
+        self.rec.add(
+            inputs={k: v.cpu() if isinstance(v, torch.Tensor) else list(v) for k, v in d.batch.items()},
+            chain=d.sample.chain.float().cpu(),
+            sde_step=d.sample.sde_step.cpu(),
+            log_prob=d.sample.log_prob.float().cpu(),
+            value=d.values,
+            reward=d.shaped,
+            done=d.done,
+            truncated=d.truncated,
+            bootstrap=bootstrap,
+            episode=[ep.spec.index for ep in d.episodes],
+            step=d.step,
+        )

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.policies.flow.sampling import SampleMode
+from cosmos_robot.policies.init_source import resolve_init
 from cosmos_robot_trainers.common import (
     MetricsLogger,
     TrainProgress,
@@ -40,8 +42,10 @@ from cosmos_robot_trainers.common import (
     save_checkpoint,
     seed_everything,
 )
+from cosmos_robot_trainers.common.evaluation import EvalHookConfig, evaluate_policy
+from cosmos_robot_trainers.common.export import export_policy
 from cosmos_robot_trainers.common.rundir import CHECKPOINTS, prepare_run_dir
-from cosmos_robot_trainers.rl.advantage import dpo_pairs, group_advantages, nft_optimality, ppo_advantages
+from cosmos_robot_trainers.rl.advantage import Advantages, dpo_pairs, group_advantages, nft_optimality, ppo_advantages
 from cosmos_robot_trainers.rl.config import RUNTIME_FIELDS, RLConfig
 from cosmos_robot_trainers.rl.learner import (
     RATIO_GATE,
@@ -50,11 +54,9 @@ from cosmos_robot_trainers.rl.learner import (
     update_nft,
     update_policy_gradient,
 )
-from cosmos_robot_trainers.rl.policies import RLModel, frozen_copy, load_rl_policy
+from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, frozen_copy, load_rl_adapter
 from cosmos_robot_trainers.rl.rollout import Rollout, episode_specs
-from cosmos_robot_trainers.rl.workers import make_rollouts
-from cosmos_robot_trainers.sft.config import EvalHookConfig
-from cosmos_robot_trainers.sft.export import evaluate_policy, export_policy
+from cosmos_robot_trainers.rl.workers import LocalRollouts, RayRollouts, make_rollouts
 
 __all__ = ["RLResult", "RatioGateError", "run_rl"]
 
@@ -101,17 +103,15 @@ def _seed(config: RLConfig, iteration: int, stream: int) -> int:
 
 
 def _eval_cfg(config: RLConfig, episodes: int) -> EvalHookConfig:
-    e = config.eval
-    return EvalHookConfig(
-        suite=config.env.suite,
-        tasks=list(config.env.tasks),
-        episodes_per_task=episodes,
-        num_envs=e.num_envs,
-        replan_steps=config.rollout.replan_steps,
-        image_size=config.env.image_size,
-        seed=e.seed,
-        vector_mode=e.vector_mode,
-    )
+    """The eval hook on the training env's suite, tasks, image size and executed chunk length."""
+    env = {
+        "suite": config.env.suite,
+        "tasks": list(config.env.tasks),
+        "replan_steps": config.rollout.replan_steps,
+        "image_size": config.env.image_size,
+        "episodes_per_task": episodes,
+    }
+    return EvalHookConfig.model_validate({**config.eval.model_dump(), **env})
 
 
 def _reward_stats(rollout: Rollout) -> dict[str, float]:
@@ -135,6 +135,35 @@ def _check_rollout(rollout: Rollout) -> dict[str, float]:
     return {"old_log_prob_mean": float(rollout.log_prob.mean()), "old_value_mean": float(rollout.value.mean())}
 
 
+@dataclass
+class _Run:
+    """One run between iterations: the models, optimizer, rollout workers, logger and clocks."""
+
+    config: RLConfig
+    policy: RLAdapter
+    model: RLModel
+    ref_model: RLModel | None  # frozen reference (DPO, or a KL term)
+    old_model: RLModel | None  # NFT's slowly moving "old" policy
+    optimizer: torch.optim.Optimizer
+    sample_mode: SampleMode
+    k_steps: int  # denoising steps of the rollout sampler
+    noise_level: float
+    start: int  # the checkpoint iteration this call resumed from (0 for a fresh run)
+    prior_wall: float  # wall seconds of the calls before this one
+    logger: MetricsLogger
+    rollouts: LocalRollouts | RayRollouts
+    t0: float  # perf_counter() when this call's training started
+    deadline: float  # perf_counter() past which train.max_wall_minutes stops the run
+
+    @property
+    def out(self) -> Path:
+        return Path(self.config.output.dir)
+
+    def wall_s(self) -> float:
+        """Wall seconds of the whole run so far, across resumes."""
+        return self.prior_wall + time.perf_counter() - self.t0
+
+
 def run_rl(
     config: RLConfig,
     *,
@@ -145,20 +174,34 @@ def run_rl(
 ) -> RLResult:
     """Train (or continue) the recipe; ``stop_at_iteration`` stops like a kill would (tests)."""
     tcfg = config.train
-    out = Path(config.output.dir)
-    device = torch.device(tcfg.device)
     # a bad init fails before any folder is made
-    policy = load_rl_policy(config.init, device, config.rollout.noise_level, config.optim.freeze_vlm)
-    ckpt_path = prepare_run_dir(config, out, RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
+    init = resolve_init(config.init, log=log)
+    policy = load_rl_adapter(init, torch.device(tcfg.device), config.rollout.noise_level, config.optim.freeze_vlm)
+    ckpt_path = prepare_run_dir(config, Path(config.output.dir), RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
     configure_torch(tcfg.num_threads, tcfg.deterministic)
+    run = _setup(config, policy, ckpt_path, log)
+    stop = min(tcfg.iterations, stop_at_iteration) if stop_at_iteration is not None else tcfg.iterations
+    result = RLResult(run.out, run.start, False, run.start if ckpt_path is not None else None, None, run.prior_wall)
+    try:
+        if run.start == 0 and config.eval.initial:
+            res = _evaluate(run, "iter_000000", config.eval.episodes_per_task)
+            run.logger.log(0, {"eval_success": res["totals"]["success_rate"]})
+            log(f"initial eval: {100 * res['totals']['success_rate']:.1f}% success")
+        _train(run, stop, result, log)
+        if result.finished or result.iteration < stop:  # finished, or stopped by the clock
+            _export_and_evaluate(run, result, log)
+    finally:
+        run.rollouts.close()
+        run.logger.close()
+    return result
+
+
+def _setup(config: RLConfig, policy: RLAdapter, ckpt_path: Path | None, log: Callable[[str], None]) -> _Run:
+    """Phase setup: reference / old models, optimizer, restored from ``ckpt_path``; logger and rollout workers."""
+    tcfg = config.train
     seed_everything(tcfg.seed)
     model = policy.model
-    steps = config.rollout.num_flow_steps
-    if steps is not None and steps != model.config.num_flow_steps:
-        # the policy is trained (and so evaluated and exported) for the sampler the rollouts use
-        ckpt_steps = model.config.num_flow_steps
-        log(f"serving with {steps} denoising steps (rollout.num_flow_steps; the checkpoint has {ckpt_steps})")
-        policy.set_num_flow_steps(steps)
+    _serve_with_rollout_steps(config, policy, log)
     ref_model = frozen_copy(model) if (config.trainer == "dpo" or config.algo.kl_coef > 0) else None
     old_model = frozen_copy(model) if config.trainer == "nft" else None
     optimizer = build_optimizer(model, config)
@@ -174,149 +217,192 @@ def run_rl(
         f"{config.rollout.episodes_per_iter} episodes x {tcfg.iterations} iterations on {config.env.num_envs} envs "
         f"({mode}, K={k_steps})"
     )
-    stop = min(tcfg.iterations, stop_at_iteration) if stop_at_iteration is not None else tcfg.iterations
-    logger = MetricsLogger(out, resume_step=start, tensorboard=config.output.tensorboard)
-    result = RLResult(out, start, False, start if ckpt_path is not None else None, None, prior_wall)
+    logger = MetricsLogger(Path(config.output.dir), resume_step=start, tensorboard=config.output.tensorboard)
     rollouts = make_rollouts(config, policy)
     t0 = time.perf_counter()
-    deadline = t0 + 60 * tcfg.max_wall_minutes - prior_wall if tcfg.max_wall_minutes else math.inf
+    return _Run(
+        config=config,
+        policy=policy,
+        model=model,
+        ref_model=ref_model,
+        old_model=old_model,
+        optimizer=optimizer,
+        sample_mode=mode,
+        k_steps=k_steps,
+        noise_level=noise_level,
+        start=start,
+        prior_wall=prior_wall,
+        logger=logger,
+        rollouts=rollouts,
+        t0=t0,
+        deadline=t0 + 60 * tcfg.max_wall_minutes - prior_wall if tcfg.max_wall_minutes else math.inf,
+    )
 
-    def evaluate(label: str, episodes: int) -> dict[str, Any]:
-        served = policy.servable(copy.deepcopy(model))
-        return evaluate_policy(served, _eval_cfg(config, episodes), out / "eval" / label, f"{config.trainer}:{label}")
 
-    def checkpoint(at: int) -> None:
-        wall = prior_wall + time.perf_counter() - t0
-        state = {
-            "optimizer": optimizer.state_dict(),
-            "old_model": old_model.state_dict() if old_model is not None else None,
-            "rng": capture_rng_state(),
-            "wall_s": wall,
+def _serve_with_rollout_steps(config: RLConfig, policy: RLAdapter, log: Callable[[str], None]) -> None:
+    """The policy is trained (and so evaluated and exported) for the sampler the rollouts use."""
+    steps = config.rollout.num_flow_steps
+    ckpt_steps = policy.model.config.num_flow_steps
+    if steps is not None and steps != ckpt_steps:
+        log(f"serving with {steps} denoising steps (rollout.num_flow_steps; the checkpoint has {ckpt_steps})")
+        policy.set_num_flow_steps(steps)
+
+
+def _train(run: _Run, stop: int, result: RLResult, log: Callable[[str], None]) -> None:
+    """The loop up to iteration ``stop``: the iteration's phases, the ratio gate, [eval], log, [checkpoint]."""
+    config, tcfg = run.config, run.config.train
+    it = run.start
+    with TrainProgress(tcfg.iterations, run.start, config.name, enabled=tcfg.progress) as bar:
+        while it < stop:
+            metrics = _iteration(run, it)
+            it += 1
+            _check_ratio_gate(metrics, it)
+            out_of_time = time.perf_counter() > run.deadline
+            last_iter = it == tcfg.iterations or out_of_time
+            if config.eval.every and (it % config.eval.every == 0) and not last_iter:
+                res = _evaluate(run, f"iter_{it:06d}", config.eval.episodes_per_task)
+                metrics["eval_success"] = res["totals"]["success_rate"]
+                result.eval_history.append((it, metrics["eval_success"]))
+            run.logger.log(it, metrics)
+            result.last_metrics = metrics
+            bar.update(it, {"train_success": metrics["train_success"], "eval": metrics.get("eval_success", "-")})
+            if it % tcfg.ckpt_every == 0 or last_iter:
+                _checkpoint(run, it)
+            if config.output.plot and "eval_success" in metrics:
+                _plot(run.out)
+            if out_of_time:
+                log(f"train.max_wall_minutes reached after iteration {it}; exporting what we have")
+                break
+    result.iteration = it
+    result.finished = it >= tcfg.iterations
+    result.total_wall_s = run.wall_s()
+
+
+def _iteration(run: _Run, it: int) -> dict[str, Any]:
+    """rollout -> reward -> old_logprob -> advantage -> update -> weight_sync, each timed; the metrics."""
+    config = run.config
+    phases = _Phases()
+    t_iter = time.perf_counter()
+    specs = episode_specs(config, it)
+    rollout: Rollout = phases.run("rollout", run.rollouts.collect, specs, _seed(config, it, 0))
+    metrics: dict[str, Any] = phases.run("reward", _reward_stats, rollout)
+    metrics.update(phases.run("old_logprob", _check_rollout, rollout))
+    gen = torch.Generator().manual_seed(_seed(config, it, 1))
+    adv, adv_stats = phases.run("advantage", _advantage, config, rollout, gen)
+    metrics.update(adv_stats)
+    metrics.update(phases.run("update", _update, run, rollout, adv, gen, it))
+    phases.run("weight_sync", _sync, run)
+    iter_wall = time.perf_counter() - t_iter
+    metrics.update(phases.times)
+    metrics.update({f"time/rollout_{k}": round(v, 4) for k, v in rollout.wall_s.items()})
+    metrics.update(
+        {
+            "env_steps": rollout.env_steps,
+            "decisions": rollout.num_decisions,
+            "env_steps_per_s": rollout.env_steps / max(iter_wall, 1e-9),
+            "iter_wall_s": iter_wall,
+            "wall_s": run.wall_s(),
         }
-        save_checkpoint(
-            out / CHECKPOINTS, at, model.state_dict(), state, {"wall_s": round(wall, 1)}, tcfg.keep_checkpoints
+    )
+    return metrics
+
+
+def _check_ratio_gate(metrics: dict[str, Any], it: int) -> None:
+    dev = metrics.get("ratio_dev_first_mb")
+    if dev is not None and dev > RATIO_GATE:
+        raise RatioGateError(
+            f"iteration {it}: importance ratio on the first minibatch deviates from 1 by {dev:.2e} "
+            f"(> {RATIO_GATE}); the learner does not recompute the rollout's log-probs "
+            "(dropout, a different noise_level / num_flow_steps, or weights not synced)"
         )
 
-    try:
-        if start == 0 and config.eval.initial:
-            res = evaluate("iter_000000", config.eval.episodes_per_task)
-            logger.log(0, {"eval_success": res["totals"]["success_rate"]})
-            log(f"initial eval: {100 * res['totals']['success_rate']:.1f}% success")
-        it = start
-        with TrainProgress(tcfg.iterations, start, config.name, enabled=tcfg.progress) as bar:
-            while it < stop:
-                phases = _Phases()
-                t_iter = time.perf_counter()
-                specs = episode_specs(config, it)
-                rollout: Rollout = phases.run("rollout", rollouts.collect, specs, _seed(config, it, 0))
-                metrics: dict[str, Any] = phases.run("reward", _reward_stats, rollout)
-                metrics.update(phases.run("old_logprob", _check_rollout, rollout))
-                gen = torch.Generator().manual_seed(_seed(config, it, 1))
-                args = (config, model, optimizer, rollout, gen, it, ref_model, old_model, mode, k_steps, noise_level)
-                metrics.update(phases.run("advantage+update", _update, *args))
-                phases.run("weight_sync", _sync, config, rollouts, model, old_model)
-                it += 1
-                iter_wall = time.perf_counter() - t_iter
-                metrics.update(phases.times)
-                metrics.update({f"time/rollout_{k}": round(v, 4) for k, v in rollout.wall_s.items()})
-                metrics.update(
-                    {
-                        "env_steps": rollout.env_steps,
-                        "decisions": rollout.num_decisions,
-                        "env_steps_per_s": rollout.env_steps / max(iter_wall, 1e-9),
-                        "iter_wall_s": iter_wall,
-                        "wall_s": prior_wall + time.perf_counter() - t0,
-                    }
-                )
-                dev = metrics.get("ratio_dev_first_mb")
-                if dev is not None and dev > RATIO_GATE:
-                    raise RatioGateError(
-                        f"iteration {it}: importance ratio on the first minibatch deviates from 1 by {dev:.2e} "
-                        f"(> {RATIO_GATE}); the learner does not recompute the rollout's log-probs "
-                        "(dropout, a different noise_level / num_flow_steps, or weights not synced)"
-                    )
-                out_of_time = time.perf_counter() > deadline
-                last_iter = it == tcfg.iterations or out_of_time
-                if config.eval.every and (it % config.eval.every == 0) and not last_iter:
-                    res = evaluate(f"iter_{it:06d}", config.eval.episodes_per_task)
-                    metrics["eval_success"] = res["totals"]["success_rate"]
-                    result.eval_history.append((it, metrics["eval_success"]))
-                logger.log(it, metrics)
-                result.last_metrics = metrics
-                bar.update(it, {"train_success": metrics["train_success"], "eval": metrics.get("eval_success", "-")})
-                if it % tcfg.ckpt_every == 0 or last_iter:
-                    checkpoint(it)
-                if config.output.plot and "eval_success" in metrics:
-                    _plot(out)
-                if out_of_time:
-                    log(f"train.max_wall_minutes reached after iteration {it}; exporting what we have")
-                    break
-        result.iteration = it
-        result.finished = it >= tcfg.iterations
-        result.total_wall_s = prior_wall + time.perf_counter() - t0
-        if result.finished or it < stop:  # finished, or stopped by the clock
-            served = policy.servable(copy.deepcopy(model))
-            result.final_dir = export_policy(served, out / "final")
-            log(f"final policy: {result.final_dir} ({result.total_wall_s / 60:.1f} min)")
-            if config.eval.final:
-                res = evaluate("final", config.eval.final_episodes_per_task)
-                result.final_eval = res
-                logger.log(it, {"eval_success": res["totals"]["success_rate"], "final_eval": 1})
-                log(f"final eval: {100 * res['totals']['success_rate']:.1f}% success")
-            if config.output.plot:
-                _plot(out)
-    finally:
-        rollouts.close()
-        logger.close()
-    return result
+
+def _evaluate(run: _Run, label: str, episodes: int) -> dict[str, Any]:
+    """Phase eval: a copy of the current model, served with the ODE, on held-out layouts."""
+    served = run.policy.servable(copy.deepcopy(run.model))
+    config = run.config
+    return evaluate_policy(served, _eval_cfg(config, episodes), run.out / "eval" / label, f"{config.trainer}:{label}")
+
+
+def _checkpoint(run: _Run, at: int) -> None:
+    """Phase checkpoint: model, optimizer, NFT's old model, the global RNGs and the wall time."""
+    wall = run.wall_s()
+    state = {
+        "optimizer": run.optimizer.state_dict(),
+        "old_model": run.old_model.state_dict() if run.old_model is not None else None,
+        "rng": capture_rng_state(),
+        "wall_s": wall,
+    }
+    keep = run.config.train.keep_checkpoints
+    save_checkpoint(run.out / CHECKPOINTS, at, run.model.state_dict(), state, {"wall_s": round(wall, 1)}, keep)
+
+
+def _export_and_evaluate(run: _Run, result: RLResult, log: Callable[[str], None]) -> None:
+    """Phase export: ``final/`` (a ``FlowPolicy`` folder), the final evaluation and the learning curve."""
+    config, it = run.config, result.iteration
+    served = run.policy.servable(copy.deepcopy(run.model))
+    result.final_dir = export_policy(served, run.out / "final", source=f"{config.trainer}:{config.name}:iter{it}")
+    log(f"final policy: {result.final_dir} ({result.total_wall_s / 60:.1f} min)")
+    if config.eval.final:
+        res = _evaluate(run, "final", config.eval.episodes(final=True))
+        result.final_eval = res
+        run.logger.log(it, {"eval_success": res["totals"]["success_rate"], "final_eval": 1})
+        log(f"final eval: {100 * res['totals']['success_rate']:.1f}% success")
+    if config.output.plot:
+        _plot(run.out)
+
+
+def _advantage(
+    config: RLConfig, rollout: Rollout, gen: torch.Generator
+) -> tuple[Advantages | torch.Tensor, dict[str, float]]:
+    """Phase advantage: GAE (joint PPO), group-normalised success (GRPO), NFT's optimality or DPO's pairs."""
+    algo = config.algo
+    if config.trainer == "joint_ppo":
+        adv = ppo_advantages(rollout, algo)
+    elif config.trainer == "grpo":
+        adv = group_advantages(rollout, algo)
+    elif config.trainer == "nft":
+        adv = nft_optimality(rollout, algo)
+    else:
+        pairs = dpo_pairs(rollout, algo, gen)
+        return pairs, {"pairs": float(len(pairs))}
+    return adv, adv.stats
 
 
 def _update(
-    config: RLConfig,
-    model: RLModel,
-    optimizer: torch.optim.Optimizer,
-    rollout: Rollout,
-    gen: torch.Generator,
-    iteration: int,
-    ref_model: RLModel | None,
-    old_model: RLModel | None,
-    mode: Any,
-    k_steps: int,
-    noise_level: float,
+    run: _Run, rollout: Rollout, adv: Advantages | torch.Tensor, gen: torch.Generator, iteration: int
 ) -> dict[str, float]:
-    algo = config.algo
-    if config.trainer in ("joint_ppo", "grpo"):
-        adv = ppo_advantages(rollout, algo) if config.trainer == "joint_ppo" else group_advantages(rollout, algo)
-        warm = config.trainer == "joint_ppo" and iteration < algo.critic_warmup_iters
-        out = update_policy_gradient(
-            model,
-            optimizer,
-            rollout,
-            adv,
-            config,
-            gen,
-            sample_mode=mode,
-            num_flow_steps=k_steps,
-            noise_level=noise_level,
-            train_policy=not warm,
-            ref_model=ref_model,
-        )
-        return {**adv.stats, **out}
+    """Phase update: the algorithm's epochs of minibatches (``learner.py``)."""
+    config, model, optimizer = run.config, run.model, run.optimizer
+    if isinstance(adv, torch.Tensor):  # DPO's (winner, loser) pairs
+        assert run.ref_model is not None
+        return update_dpo(model, run.ref_model, optimizer, rollout, adv, config, gen)
     if config.trainer == "nft":
-        assert old_model is not None
-        adv = nft_optimality(rollout, algo)
-        return {**adv.stats, **update_nft(model, old_model, optimizer, rollout, adv, config, gen)}
-    assert ref_model is not None
-    pairs = dpo_pairs(rollout, algo, gen)
-    return {"pairs": float(len(pairs)), **update_dpo(model, ref_model, optimizer, rollout, pairs, config, gen)}
+        assert run.old_model is not None
+        return update_nft(model, run.old_model, optimizer, rollout, adv, config, gen)
+    warm = config.trainer == "joint_ppo" and iteration < config.algo.critic_warmup_iters
+    return update_policy_gradient(
+        model,
+        optimizer,
+        rollout,
+        adv,
+        config,
+        gen,
+        sample_mode=run.sample_mode,
+        num_flow_steps=run.k_steps,
+        noise_level=run.noise_level,
+        train_policy=not warm,
+        ref_model=run.ref_model,
+    )
 
 
-def _sync(config: RLConfig, rollouts: Any, model: RLModel, old_model: RLModel | None) -> None:
-    rollouts.sync(model)
-    if old_model is not None:  # NFT: old <- decay * old + (1 - decay) * theta
-        d = config.algo.nft_old_decay
+def _sync(run: _Run) -> None:
+    """Phase weight_sync: rollout workers get the new weights; NFT's old policy moves toward them."""
+    run.rollouts.sync(run.model)
+    if run.old_model is not None:  # NFT: old <- decay * old + (1 - decay) * theta
+        d = run.config.algo.nft_old_decay
         with torch.no_grad():
-            for po, p in zip(old_model.parameters(), model.parameters()):
+            for po, p in zip(run.old_model.parameters(), run.model.parameters()):
                 po.lerp_(p.detach(), 1.0 - d)
 
 

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos_robot.policies.init_source import resolve_init
 from cosmos_robot_trainers.rl.config import RLConfig
-from cosmos_robot_trainers.rl.policies import RLModel, RLPolicy, load_rl_policy
+from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, load_rl_adapter
 from cosmos_robot_trainers.rl.rollout import EpisodeSpec, Rollout, RolloutWorker, concat_rollouts
 
 __all__ = ["LocalRollouts", "RayRollouts", "make_rollouts"]
@@ -27,7 +28,7 @@ __all__ = ["LocalRollouts", "RayRollouts", "make_rollouts"]
 class LocalRollouts:
     """One ``RolloutWorker`` in this process, sharing the learner's policy object."""
 
-    def __init__(self, config: RLConfig, policy: RLPolicy) -> None:
+    def __init__(self, config: RLConfig, policy: RLAdapter) -> None:
         self.worker = RolloutWorker(config, policy)
 
     def collect(self, specs: Sequence[EpisodeSpec], seed: int) -> Rollout:
@@ -46,7 +47,9 @@ class _RayWorker:
     def __init__(self, config_data: dict[str, Any], num_envs: int, threads: int) -> None:
         torch.set_num_threads(threads)
         config = RLConfig.model_validate(config_data)
-        policy = load_rl_policy(config.init, noise_level=config.rollout.noise_level, freeze_vlm=config.optim.freeze_vlm)
+        policy = load_rl_adapter(
+            resolve_init(config.init), noise_level=config.rollout.noise_level, freeze_vlm=config.optim.freeze_vlm
+        )
         if config.rollout.num_flow_steps is not None:
             policy.set_num_flow_steps(config.rollout.num_flow_steps)
         self.worker = RolloutWorker(config, policy, num_envs=num_envs)
@@ -107,7 +110,7 @@ class RayRollouts:
                 self.ray.kill(a)
 
 
-def make_rollouts(config: RLConfig, policy: RLPolicy) -> LocalRollouts | RayRollouts:
+def make_rollouts(config: RLConfig, policy: RLAdapter) -> LocalRollouts | RayRollouts:
     """In-process rollouts for one worker, Ray actors for more."""
     if config.rollout.num_workers == 1:
         return LocalRollouts(config, policy)

@@ -17,12 +17,14 @@ from pydantic import Field, model_validator
 
 from cosmos_robot.config import StrictModel
 from cosmos_robot.policies.flow import FlowConfig
+from cosmos_robot_trainers.common.evaluation import EvalHookConfig
 
 __all__ = [
+    "OUTPUT_DIR",
     "RUNTIME_FIELDS",
     "AugmentConfig",
     "DataConfig",
-    "EvalHookConfig",
+    "NEW_MODEL_FAMILY",
     "OptimConfig",
     "OutputConfig",
     "SFTConfig",
@@ -33,10 +35,15 @@ __all__ = [
 TABLETOP_TASKS = ["reach", "push", "pick_place", "open_drawer"]
 
 
+OUTPUT_DIR = "{output.dir}"  # in data.root: the run's output.dir
+
+
 class DataConfig(StrictModel):
     """The demonstrations: a LeRobotDataset folder, recorded from the scripted experts if missing."""
 
-    root: str  # LeRobotDataset folder (relative paths are relative to the working directory)
+    # LeRobotDataset folder; relative paths are relative to the working directory, and "{output.dir}" is the
+    # run's output folder, so by default a recording lives (and moves, with --set output.dir=...) with its run
+    root: str = f"{OUTPUT_DIR}/demos"
     record_if_missing: bool = False  # record it with `cosmos-robot record`'s code when `root` does not exist
     tasks: list[str] = Field(default_factory=lambda: list(TABLETOP_TASKS))  # tabletop tasks to record
     episodes_per_task: int = Field(default=50, ge=1)  # scripted-expert episodes recorded per task
@@ -94,21 +101,6 @@ class TrainConfig(StrictModel):
         return self
 
 
-class EvalHookConfig(StrictModel):
-    """Optional simulated evaluation of the training policy (in-process, `cosmos_robot_envs.eval`)."""
-
-    every: int = Field(default=0, ge=0)  # steps between evaluations during training (0: never)
-    final: bool = False  # evaluate the exported final policy
-    suite: str = "tabletop"  # env suite (cosmos_robot_envs.eval)
-    tasks: list[str] = Field(default_factory=list)  # task names (empty: the whole suite)
-    episodes_per_task: int = Field(default=10, ge=1)  # episodes per task and evaluation
-    num_envs: int = Field(default=2, ge=1)  # envs in lockstep
-    replan_steps: int = Field(default=5, ge=1)  # actions executed from each chunk
-    image_size: int = Field(default=128, ge=8)  # camera side the envs render (the policy resizes)
-    seed: int = 1000  # eval seed (different from the recording seed: held-out layouts)
-    vector_mode: Literal["sync", "async"] = "sync"  # async: a process per env
-
-
 class OutputConfig(StrictModel):
     """Where the run writes (config, metrics, TensorBoard, checkpoints, final policy)."""
 
@@ -117,12 +109,16 @@ class OutputConfig(StrictModel):
     plot: bool = True  # write <dir>/learning_curve.png at the end
 
 
+# the family a recipe without ``init`` trains: its [model] table is a FlowConfig
+NEW_MODEL_FAMILY = "flow"
+
+
 class SFTConfig(StrictModel):
     """A supervised fine-tuning (behaviour cloning) run of a flow-matching policy."""
 
     trainer: Literal["sft"] = "sft"  # which trainer runs this recipe
     name: str = "sft"  # run name (shown in logs)
-    init: str | None = None  # fine-tune this checkpoint folder (a LeRobot pi05 folder) instead of a new [model]
+    init: str | None = None  # fine-tune this checkpoint folder (a family with SFT: pi05) or tiny:<family>
     data: DataConfig
     model: FlowConfig = Field(default_factory=lambda: FlowConfig())  # the flow policy's architecture (no init)
     augment: AugmentConfig = Field(default_factory=lambda: AugmentConfig())
@@ -130,6 +126,12 @@ class SFTConfig(StrictModel):
     train: TrainConfig = Field(default_factory=lambda: TrainConfig())
     eval: EvalHookConfig = Field(default_factory=lambda: EvalHookConfig())
     output: OutputConfig
+
+    @model_validator(mode="after")
+    def _data_root(self) -> SFTConfig:
+        if OUTPUT_DIR in self.data.root:
+            self.data.root = self.data.root.replace(OUTPUT_DIR, self.output.dir.rstrip("/") or "/")
+        return self
 
     @model_validator(mode="after")
     def _init_or_model(self) -> SFTConfig:

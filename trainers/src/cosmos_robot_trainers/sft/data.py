@@ -25,7 +25,7 @@ from cosmos_robot.normalize import FeatureStats
 from cosmos_robot.policies.flow import FlowConfig, encode_prompts
 from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig
 
-__all__ = ["TrainData", "augment_images", "ensure_dataset", "load_train_data", "task_weights"]
+__all__ = ["FrameSet", "TrainData", "augment_images", "ensure_dataset", "load_train_data", "task_weights"]
 
 
 def ensure_dataset(cfg: DataConfig, log: Callable[[str], None] = print) -> dict[str, Any] | None:
@@ -58,32 +58,43 @@ def ensure_dataset(cfg: DataConfig, log: Callable[[str], None] = print) -> dict[
     return record_demonstrations(record, root)
 
 
-@dataclass
-class TrainData:
-    """Normalised, in-memory training samples and the stats the exported policy carries."""
+class FrameSet:
+    """What every SFT data kind shares: one prompt per sample, task weighting, a resume fingerprint."""
 
-    images: torch.Tensor  # (N, ncam, 3, S, S) uint8
-    state: torch.Tensor  # (N, state_dim) float32, normalised
-    actions: torch.Tensor  # (N, H, action_dim) float32, normalised
-    pad_mask: torch.Tensor  # (N, H) bool, True past the episode's end
-    prompts: list[str]  # (N,) instruction per sample
-    stats: dict[str, FeatureStats]  # {"state": ..., "actions": ...} in env units
+    prompts: list[str]
+    actions: torch.Tensor
     num_episodes: int
 
     def __len__(self) -> int:
-        return int(self.state.shape[0])
+        return len(self.prompts)
 
     def sample_weights(self, weighting: str) -> np.ndarray | None:
         return task_weights(self.prompts, weighting)
 
+    def content_sums(self) -> dict[str, Any]:
+        """Sums over the kind's inputs (a resumed run must see the same numbers)."""
+        return {}
+
     def fingerprint(self) -> dict[str, Any]:
         """What a resumed run checks: the same samples in the same order."""
-        return {
-            "samples": len(self),
-            "episodes": self.num_episodes,
-            "state_sum": round(float(self.state.double().sum()), 6),
-            "actions_sum": round(float(self.actions.double().sum()), 6),
-        }
+        actions = round(float(self.actions.double().sum()), 6)
+        return {"samples": len(self), "episodes": self.num_episodes, **self.content_sums(), "actions_sum": actions}
+
+
+@dataclass
+class TrainData(FrameSet):
+    """Normalised, in-memory training samples and the stats the exported policy carries."""
+
+    images: torch.Tensor  # (N, ncam, 3, S, S) uint8
+    state: torch.Tensor  # (N, state_dim) float32, normalised
+    actions: torch.Tensor  # (N, chunk_size, action_dim) float32, normalised
+    pad_mask: torch.Tensor  # (N, chunk_size) bool, True past the episode's end
+    prompts: list[str]  # (N,) instruction per sample
+    stats: dict[str, FeatureStats]  # {"state": ..., "actions": ...} in env units
+    num_episodes: int
+
+    def content_sums(self) -> dict[str, Any]:
+        return {"state_sum": round(float(self.state.double().sum()), 6)}
 
     def batch(
         self, indices: np.ndarray, augment: AugmentConfig | None, generator: torch.Generator, text_buckets: int
@@ -138,12 +149,12 @@ def augment_images(images: torch.Tensor, cfg: AugmentConfig, generator: torch.Ge
 
 
 def load_train_data(cfg: DataConfig, model: FlowConfig) -> TrainData:
-    """Load ``cfg.root`` at the model's image size / cameras / horizon and normalise it."""
+    """Load ``cfg.root`` at the model's image size / cameras / chunk_size and normalise it."""
     from cosmos_robot.data.loader import compute_norm_stats, load_demonstrations
     from cosmos_robot.data.schema import ACTION, STATE
 
     demo = load_demonstrations(
-        cfg.root, action_horizon=model.horizon, image_size=model.image_size, cameras=tuple(model.cameras)
+        cfg.root, chunk_size=model.chunk_size, image_size=model.image_size, cameras=tuple(model.cameras)
     )
     keep = _first_episodes_per_task(demo.episode_index.numpy(), demo.prompts, cfg.max_episodes_per_task)
     if keep is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,11 +26,14 @@ from torch import nn
 from cosmos_robot.normalize import FeatureStats
 from cosmos_robot.policies.pi05.modeling import Pi05Model
 from cosmos_robot.policies.pi05.policy import Pi05Policy, build_processors
+from cosmos_robot.policies.registry import CheckpointError
 from cosmos_robot.policies.rl_heads import openpi_flow_time
-from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig
-from cosmos_robot_trainers.sft.data import _first_episodes_per_task, augment_images, task_weights
+from cosmos_robot_trainers.common.export import EMA
+from cosmos_robot_trainers.sft.adapter import SFTData
+from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig, SFTConfig
+from cosmos_robot_trainers.sft.data import FrameSet, _first_episodes_per_task, augment_images
 
-__all__ = ["Pi05SFTModel", "Pi05TrainData", "build_pi05_policy", "load_pi05_train_data"]
+__all__ = ["Pi05SFTAdapter", "Pi05SFTModel", "Pi05TrainData", "build_pi05_policy", "load_pi05_train_data"]
 
 ENV_CAMERAS = ("image", "wrist_image")  # recorded tabletop cameras, in the order of the checkpoint's features
 
@@ -62,7 +66,7 @@ class Pi05SFTModel(nn.Module):
 
 
 @dataclass
-class Pi05TrainData:
+class Pi05TrainData(FrameSet):
     """Frames as pi05 sees them: uint8 cameras at the vision size, prompt tokens, normalised chunks."""
 
     images: torch.Tensor  # (N, cams, 3, S, S) uint8
@@ -74,19 +78,8 @@ class Pi05TrainData:
     stats: dict[str, FeatureStats]  # {"state", "actions"} in env units (the new processors' stats)
     num_episodes: int
 
-    def __len__(self) -> int:
-        return int(self.tokens.shape[0])
-
-    def sample_weights(self, weighting: str) -> np.ndarray | None:
-        return task_weights(self.prompts, weighting)
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {
-            "samples": len(self),
-            "episodes": self.num_episodes,
-            "tokens_sum": int(self.tokens.sum()),
-            "actions_sum": round(float(self.actions.double().sum()), 6),
-        }
+    def content_sums(self) -> dict[str, Any]:
+        return {"tokens_sum": int(self.tokens.sum())}
 
     def batch(
         self, indices: np.ndarray, augment: AugmentConfig | None, generator: torch.Generator, text_buckets: int = 0
@@ -108,8 +101,9 @@ def lerobot_stats(stats: dict[str, FeatureStats]) -> dict[str, dict[str, Any]]:
     return {"observation.state": stats["state"].to_dict(), "action": stats["actions"].to_dict()}
 
 
-def load_pi05_train_data(cfg: DataConfig, policy: Pi05Policy, chunk_size: int = 512) -> Pi05TrainData:
-    """Load ``cfg.root`` for ``policy``'s cameras, chunk and vision size; run LeRobot's preprocessor once."""
+def load_pi05_train_data(cfg: DataConfig, policy: Pi05Policy, preprocess_rows: int = 512) -> Pi05TrainData:
+    """Load ``cfg.root`` for ``policy``'s cameras, chunk size and vision size; run LeRobot's preprocessor once
+    (``preprocess_rows`` frames at a time)."""
     from cosmos_robot.data.loader import compute_norm_stats, load_demonstrations
     from cosmos_robot.data.schema import ACTION, STATE
 
@@ -118,7 +112,7 @@ def load_pi05_train_data(cfg: DataConfig, policy: Pi05Policy, chunk_size: int = 
     if len(cams) != len(policy.camera_keys):
         raise ValueError(f"the checkpoint has {len(policy.camera_keys)} cameras; the tabletop data have {ENV_CAMERAS}")
     size = arch.vision.image_size
-    demo = load_demonstrations(cfg.root, action_horizon=arch.chunk_size, image_size=size, cameras=cams)
+    demo = load_demonstrations(cfg.root, chunk_size=arch.chunk_size, image_size=size, cameras=cams)
     keep = _first_episodes_per_task(demo.episode_index.numpy(), demo.prompts, cfg.max_episodes_per_task)
     if keep is not None:
         demo.images, demo.state, demo.actions = demo.images[keep], demo.state[keep], demo.actions[keep]
@@ -133,8 +127,8 @@ def load_pi05_train_data(cfg: DataConfig, policy: Pi05Policy, chunk_size: int = 
     stats = {"state": raw[STATE], "actions": raw[ACTION]}
     pre, _ = build_processors(policy.lerobot_config, lerobot_stats(stats), policy.tokenizer)
     tokens, masks, actions = [], [], []
-    for start in range(0, demo.state.shape[0], chunk_size):
-        sl = slice(start, start + chunk_size)
+    for start in range(0, demo.state.shape[0], preprocess_rows):
+        sl = slice(start, start + preprocess_rows)
         out = pre(
             {
                 "observation.state": demo.state[sl].float(),
@@ -172,3 +166,46 @@ def build_pi05_policy(
     policy = Pi05Policy.from_model(served.pi05.eval(), base.lerobot_config, lerobot_stats(stats), base.tokenizer)
     policy.num_steps = base.num_steps
     return policy
+
+
+class Pi05SFTAdapter:
+    """``SFTAdapter`` of the pi05 family: fine-tune the ``init`` folder (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.base: Pi05Policy | None = None
+
+    def load_base(self, config: SFTConfig, init: Path | None) -> None:
+        if init is None:
+            raise CheckpointError("init: pi05 SFT fine-tunes a pi05 checkpoint folder; set init")
+        self.base = Pi05Policy.from_pretrained(init, device=config.train.device, cuda_graphs=False)
+
+    def _base(self) -> Pi05Policy:
+        if self.base is None:
+            raise RuntimeError("Pi05SFTAdapter: load_base was not called")
+        return self.base
+
+    def load_data(self, config: SFTConfig) -> SFTData:
+        return load_pi05_train_data(config.data, self._base())
+
+    def build_model(self, config: SFTConfig, device: torch.device) -> nn.Module:
+        base = self._base()
+        return Pi05SFTModel(base.model, base.action_dim).to(device)
+
+    def flow_loss(
+        self, model: nn.Module, batch: dict[str, torch.Tensor], noise: torch.Tensor, time: torch.Tensor
+    ) -> torch.Tensor:
+        return _pi05(model).flow_loss(batch, noise, time)[0]
+
+    def sample_time(self, model: nn.Module, n: int, generator: torch.Generator) -> torch.Tensor:
+        return _pi05(model).sample_time(n, generator)
+
+    def servable(self, model: nn.Module, data: SFTData, ema: EMA | None) -> Pi05Policy:
+        if not isinstance(data, Pi05TrainData):
+            raise TypeError(f"Pi05SFTAdapter.servable: expected Pi05TrainData, got {type(data).__name__}")
+        return build_pi05_policy(_pi05(model), self._base(), data.stats, ema)
+
+
+def _pi05(model: nn.Module) -> Pi05SFTModel:
+    if not isinstance(model, Pi05SFTModel):
+        raise TypeError(f"Pi05SFTAdapter: expected a Pi05SFTModel, got {type(model).__name__}")
+    return model

@@ -1,4 +1,4 @@
-"""The SFT loop: flow-matching behaviour cloning of a ``FlowModel`` on recorded demonstrations.
+"""The SFT loop: flow-matching behaviour cloning on recorded demonstrations, for any family with an SFT adapter.
 
 ``run_sft(config)`` reads as named phases: prepare the run folder (fresh / resume / refuse), get the
 data (record if missing, load, normalise), build model + optimizer + schedule (+ EMA), restore the
@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from cosmos_robot.policies.flow import FlowModel
+from cosmos_robot.policies.init_source import resolve_init
+from cosmos_robot.policies.registry import family_of, get_family
+from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_trainers.common import (
     EpochBatchSampler,
     MetricsLogger,
@@ -37,9 +40,11 @@ from cosmos_robot_trainers.common import (
     save_checkpoint,
     seed_everything,
 )
-from cosmos_robot_trainers.sft.config import SFTConfig
-from cosmos_robot_trainers.sft.data import ensure_dataset, load_train_data
-from cosmos_robot_trainers.sft.export import EMA, build_policy, evaluate_policy, export_policy
+from cosmos_robot_trainers.common.evaluation import evaluate_policy
+from cosmos_robot_trainers.common.export import EMA, export_policy
+from cosmos_robot_trainers.sft.adapter import SFTAdapter, SFTData
+from cosmos_robot_trainers.sft.config import NEW_MODEL_FAMILY, SFTConfig
+from cosmos_robot_trainers.sft.data import ensure_dataset
 from cosmos_robot_trainers.sft.optim import build_optimizer
 from cosmos_robot_trainers.sft.rundir import CHECKPOINTS, prepare_run_dir
 
@@ -66,7 +71,8 @@ class SFTResult:
 class _Window:
     """Running sums of one logging window (reset on log steps, which include every checkpoint step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, started: float) -> None:
+        self.started = started  # perf_counter() at the window's start (its steps/s)
         self.n = 0
         self.sums: dict[str, float] = {}
 
@@ -77,6 +83,40 @@ class _Window:
 
     def means(self) -> dict[str, float]:
         return {key: value / max(self.n, 1) for key, value in self.sums.items()}
+
+
+@dataclass
+class _Run:
+    """One run between steps: what a checkpoint saves (model to generator), the logger and the clocks."""
+
+    config: SFTConfig
+    adapter: SFTAdapter
+    data: SFTData
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    ema: EMA | None
+    sampler: EpochBatchSampler
+    generator: torch.Generator  # CPU draws (flow noise, flow times, augmentation): the same on any device
+    logger: MetricsLogger
+    start: int  # the checkpoint step this call resumed from (0 for a fresh run)
+    prior_wall_s: float  # training seconds of the calls before this one
+    step: int  # the last step trained
+    t0: float = 0.0  # perf_counter() when this call's training started
+    window: _Window = field(default_factory=lambda: _Window(0.0))
+    last: dict[str, Any] = field(default_factory=dict)  # the last logged metrics
+
+    @property
+    def out(self) -> Path:
+        return Path(self.config.output.dir)
+
+    def wall_s(self, now: float) -> float:
+        """Training seconds of the whole run at ``now``, across resumes."""
+        return self.prior_wall_s + now - self.t0
+
+    def servable(self) -> BatchPolicy:
+        return self.adapter.servable(self.model, self.data, self.ema)
 
 
 def run_sft(
@@ -92,43 +132,54 @@ def run_sft(
     ``stop_at_step`` stops after that step as a kill would: no extra checkpoint, log record or
     export (tests use it to check that a resumed run matches an uninterrupted one).
     """
-    tcfg = config.train
-    out = Path(config.output.dir)
-    base = _load_init(config)  # a pi05 checkpoint to fine-tune (None: a new flow policy); fails before any folder
+    adapter = sft_adapter(config, log)  # a bad init fails before any folder is made
     ckpt_path = prepare_run_dir(config, resume=resume, overwrite=overwrite)
-    configure_torch(tcfg.num_threads, tcfg.deterministic)
+    configure_torch(config.train.num_threads, config.train.deterministic)
+    data, record, data_wall_s = _load_data(config, adapter, log)
+    run = _setup(config, adapter, data, ckpt_path, log)
+    steps = config.train.steps
+    try:
+        stopped_by_clock = _train(run, min(steps, stop_at_step) if stop_at_step is not None else steps, log)
+    finally:
+        run.logger.close()
+    train_wall_s = time.perf_counter() - run.t0
+    result = SFTResult(
+        out_dir=run.out,
+        step=run.step,
+        finished=run.step >= steps,
+        resumed_from=run.start if ckpt_path is not None else None,
+        final_dir=None,
+        train_wall_s=train_wall_s,
+        total_train_wall_s=run.prior_wall_s + train_wall_s,
+        data_wall_s=data_wall_s,
+        record=record,
+        last_metrics=run.last,
+    )
+    if result.finished or stopped_by_clock:
+        _export_and_evaluate(run, result, log)
+    return result
 
-    # --- data ------------------------------------------------------------------------------------
+
+def _load_data(
+    config: SFTConfig, adapter: SFTAdapter, log: Callable[[str], None]
+) -> tuple[SFTData, dict[str, Any] | None, float]:
+    """Phase data: record the dataset if it is missing, load it; ``(data, recorder summary or None, seconds)``."""
     t_data = time.perf_counter()
     record = ensure_dataset(config.data, log=log)
-    data: Any
-    if base is None:
-        data = load_train_data(config.data, config.model)
-    else:
-        from cosmos_robot_trainers.sft.pi05 import load_pi05_train_data
-
-        data = load_pi05_train_data(config.data, base)
+    data = adapter.load_data(config)
     data_wall_s = time.perf_counter() - t_data
     log(f"data: {len(data)} samples from {data.num_episodes} episodes ({data_wall_s:.1f} s)")
+    return data, record, data_wall_s
 
-    # --- model, optimizer, schedule, sampler, generators -----------------------------------------
+
+def _setup(
+    config: SFTConfig, adapter: SFTAdapter, data: SFTData, ckpt_path: Path | None, log: Callable[[str], None]
+) -> _Run:
+    """Phase setup: model, optimizer, schedule (+ EMA), sampler, generator, restored from ``ckpt_path``; logger."""
+    tcfg = config.train
     seed_everything(tcfg.seed)
     device = torch.device(tcfg.device)
-    model: Any
-    if base is None:
-        model = FlowModel(config.model).to(device)
-    else:
-        from cosmos_robot_trainers.sft.pi05 import Pi05SFTModel
-
-        model = Pi05SFTModel(base.model, base.action_dim).to(device)
-
-    def servable() -> Any:
-        if base is None:
-            return build_policy(model, data.stats, ema)
-        from cosmos_robot_trainers.sft.pi05 import build_pi05_policy
-
-        return build_pi05_policy(model, base, data.stats, ema)
-
+    model = adapter.build_model(config, device)
     model.train()
     optimizer, scheduler = build_optimizer(model, config.optim, tcfg.steps)
     ema = EMA(model, tcfg.ema_decay) if tcfg.ema_decay is not None else None
@@ -140,136 +191,146 @@ def run_sft(
         log(f"resuming from {ckpt_path} (step {start})")
     params = sum(p.numel() for p in model.parameters())
     log(f"model: {params / 1e6:.2f} M parameters; {tcfg.steps} steps of batch {sampler.batch_size}")
-
-    stop = min(tcfg.steps, stop_at_step) if stop_at_step is not None else tcfg.steps
-    logger = MetricsLogger(out, resume_step=start, tensorboard=config.output.tensorboard)
+    logger = MetricsLogger(Path(config.output.dir), resume_step=start, tensorboard=config.output.tensorboard)
     if start == 0:
         logger.log_text("config", f"```\n{config.model_dump_json(indent=2)}\n```")
-    window, step = _Window(), start
-    last: dict[str, Any] = {}
-    t0 = time.perf_counter()
-    t_window, steps_in_window = t0, 0
-    # the cap counts the whole run's training time, across resumes
-    deadline = t0 + 60 * tcfg.max_wall_minutes - prior_wall_s if tcfg.max_wall_minutes else math.inf
-    stopped_by_clock = False
-
-    def checkpoint(at: int) -> None:
-        wall = prior_wall_s + time.perf_counter() - t0
-        state: dict[str, Any] = {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "ema": ema.state_dict() if ema is not None else None,
-            "sampler": sampler.state_dict(),
-            "generator": generator.get_state(),
-            "rng": capture_rng_state(),
-            "data": data.fingerprint(),
-            "train_wall_s": wall,
-        }
-        info = {"epoch": round(sampler.epoch, 3), "train_wall_s": round(wall, 1), **last}
-        save_checkpoint(out / CHECKPOINTS, at, model.state_dict(), state, info, keep_last=tcfg.keep_checkpoints)
-
-    try:
-        with TrainProgress(tcfg.steps, start, config.name, enabled=tcfg.progress) as bar:
-            while step < stop:
-                # phase: batch
-                batch = data.batch(sampler.next_indices(), config.augment, generator, config.model.text_buckets)
-                noise, times = _flow_draws(model, batch["actions"], generator)
-                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-                # phase: loss + update
-                loss, _ = model.flow_loss(batch, noise=noise.to(device), time=times.to(device))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = _clip(model, config.optim.grad_clip)
-                optimizer.step()
-                scheduler.step()
-                if ema is not None:
-                    ema.update(model)
-                step += 1
-                steps_in_window += 1
-                loss_value = float(loss.detach())
-                if not math.isfinite(loss_value):
-                    raise FloatingPointError(f"step {step}: loss is {loss_value}; lower optim.lr or check the data")
-                window.add({"loss": loss_value, "grad_norm": grad_norm})
-                # phase: log
-                if step % tcfg.log_every == 0 or step == tcfg.steps:
-                    now = time.perf_counter()
-                    rate = steps_in_window / max(now - t_window, 1e-9)
-                    last = {
-                        **window.means(),
-                        "lr": optimizer.param_groups[0]["lr"],
-                        "epoch": round(sampler.epoch, 4),
-                        "steps_per_s": round(rate, 3),
-                        "train_wall_s": round(prior_wall_s + now - t0, 2),
-                    }
-                    logger.log(step, last)
-                    bar.update(step, {"loss": last["loss"]}, rate=rate)
-                    window, t_window, steps_in_window = _Window(), now, 0
-                # phase: checkpoint
-                out_of_time = time.perf_counter() > deadline
-                if step % tcfg.ckpt_every == 0 or step == tcfg.steps or out_of_time:
-                    checkpoint(step)
-                # phase: eval (optional)
-                if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps:
-                    policy = servable()
-                    results = evaluate_policy(policy, config.eval, out / "eval" / f"step_{step:06d}", f"sft:step{step}")
-                    logger.log(step, {"eval_success": results["totals"]["success_rate"]})
-                if out_of_time:
-                    stopped_by_clock = True
-                    log(f"train.max_wall_minutes reached at step {step}; exporting what we have")
-                    break
-    finally:
-        logger.close()
-
-    train_wall_s = time.perf_counter() - t0
-    total_wall = prior_wall_s + train_wall_s
-    finished = step >= tcfg.steps
-    result = SFTResult(
-        out_dir=out,
-        step=step,
-        finished=finished,
-        resumed_from=start if ckpt_path is not None else None,
-        final_dir=None,
-        train_wall_s=train_wall_s,
-        total_train_wall_s=total_wall,
-        data_wall_s=data_wall_s,
-        record=record,
-        last_metrics=last,
+    return _Run(
+        config=config,
+        adapter=adapter,
+        data=data,
+        device=device,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        ema=ema,
+        sampler=sampler,
+        generator=generator,
+        logger=logger,
+        start=start,
+        prior_wall_s=prior_wall_s,
+        step=start,
     )
-    if finished or stopped_by_clock:
-        policy = servable()
-        result.final_dir = export_policy(policy, out / "final")
-        log(f"final policy: {result.final_dir} (training {total_wall / 60:.1f} min)")
-        if config.output.plot:
-            from cosmos_robot_trainers.common.plot import plot_learning_curve
-
-            plot_learning_curve(out, keys=("loss", "grad_norm", "lr", "eval_success"))
-        if config.eval.final:
-            result.eval_results = evaluate_policy(policy, config.eval, out / "eval" / "final", "sft:final")
-            log(f"final eval: {100 * result.eval_results['totals']['success_rate']:.1f}% success")
-    return result
 
 
-def _load_init(config: SFTConfig) -> Any:
-    """The ``init`` checkpoint as a ``Pi05Policy`` (the only family SFT fine-tunes from a folder), or None."""
-    if config.init is None:
-        return None
-    from cosmos_robot.policies import CheckpointError, detect_family
+def _train(run: _Run, stop: int, log: Callable[[str], None]) -> bool:
+    """The loop up to step ``stop``: batch -> loss + update -> log -> checkpoint -> (eval).
 
-    family = detect_family(config.init)
-    if family != "pi05":
-        raise CheckpointError(
-            f"init: {config.init} is a {family!r} checkpoint; SFT fine-tunes pi05 folders "
-            "(a flow policy trains from a [model] table)"
-        )
-    from cosmos_robot.policies.pi05.policy import Pi05Policy
+    Returns True when ``train.max_wall_minutes`` stopped it (after a checkpoint).
+    """
+    tcfg, eval_every = run.config.train, run.config.eval.every
+    run.t0 = time.perf_counter()
+    run.window = _Window(run.t0)
+    # the cap counts the whole run's training time, across resumes
+    deadline = run.t0 + 60 * tcfg.max_wall_minutes - run.prior_wall_s if tcfg.max_wall_minutes else math.inf
+    with TrainProgress(tcfg.steps, run.start, run.config.name, enabled=tcfg.progress) as bar:
+        while run.step < stop:
+            batch, noise, times = _next_batch(run)
+            _train_step(run, batch, noise, times)
+            if run.step % tcfg.log_every == 0 or run.step == tcfg.steps:
+                _log_window(run, bar)
+            out_of_time = time.perf_counter() > deadline
+            if run.step % tcfg.ckpt_every == 0 or run.step == tcfg.steps or out_of_time:
+                _checkpoint(run)
+            if eval_every and run.step % eval_every == 0 and run.step < tcfg.steps:
+                _evaluate(run)
+            if out_of_time:
+                log(f"train.max_wall_minutes reached at step {run.step}; exporting what we have")
+                return True
+    return False
 
-    return Pi05Policy.from_pretrained(config.init, device=config.train.device, cuda_graphs=False)
+
+def _next_batch(run: _Run) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """Phase batch: ``(batch on the device, flow noise, flow times)``, every draw on the CPU generator."""
+    config, generator = run.config, run.generator
+    batch = run.data.batch(run.sampler.next_indices(), config.augment, generator, config.model.text_buckets)
+    noise = torch.randn(batch["actions"].shape, generator=generator)  # CPU draws: same on any device
+    times = run.adapter.sample_time(run.model, noise.shape[0], generator)
+    batch = {k: v.to(run.device, non_blocking=True) for k, v in batch.items()}
+    return batch, noise.to(run.device), times.to(run.device)
 
 
-def _flow_draws(model: Any, actions: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flow noise and times drawn on the CPU generator: the same numbers on any device."""
-    noise = torch.randn(actions.shape, generator=generator)
-    return noise, model.sample_time(actions.shape[0], generator)
+def _train_step(run: _Run, batch: dict[str, torch.Tensor], noise: torch.Tensor, times: torch.Tensor) -> None:
+    """Phase loss + update: one optimizer and schedule step (and the EMA's); adds to the window."""
+    loss = run.adapter.flow_loss(run.model, batch, noise, times)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = _clip(run.model, run.config.optim.grad_clip)
+    run.optimizer.step()
+    run.scheduler.step()
+    if run.ema is not None:
+        run.ema.update(run.model)
+    run.step += 1
+    loss_value = float(loss.detach())
+    if not math.isfinite(loss_value):
+        raise FloatingPointError(f"step {run.step}: loss is {loss_value}; lower optim.lr or check the data")
+    run.window.add({"loss": loss_value, "grad_norm": grad_norm})
+
+
+def _log_window(run: _Run, bar: TrainProgress) -> None:
+    """Phase log: the window's means, lr, epoch, rate and wall time; then a new window."""
+    now = time.perf_counter()
+    rate = run.window.n / max(now - run.window.started, 1e-9)
+    run.last = {
+        **run.window.means(),
+        "lr": run.optimizer.param_groups[0]["lr"],
+        "epoch": round(run.sampler.epoch, 4),
+        "steps_per_s": round(rate, 3),
+        "train_wall_s": round(run.wall_s(now), 2),
+    }
+    run.logger.log(run.step, run.last)
+    bar.update(run.step, {"loss": run.last["loss"]}, rate=rate)
+    run.window = _Window(now)
+
+
+def _checkpoint(run: _Run) -> None:
+    """Phase checkpoint: everything that decides the next step (the module docstring lists it)."""
+    wall = run.wall_s(time.perf_counter())
+    state: dict[str, Any] = {
+        "optimizer": run.optimizer.state_dict(),
+        "scheduler": run.scheduler.state_dict(),
+        "ema": run.ema.state_dict() if run.ema is not None else None,
+        "sampler": run.sampler.state_dict(),
+        "generator": run.generator.get_state(),
+        "rng": capture_rng_state(),
+        "data": run.data.fingerprint(),
+        "train_wall_s": wall,
+    }
+    info = {"epoch": round(run.sampler.epoch, 3), "train_wall_s": round(wall, 1), **run.last}
+    keep = run.config.train.keep_checkpoints
+    save_checkpoint(run.out / CHECKPOINTS, run.step, run.model.state_dict(), state, info, keep_last=keep)
+
+
+def _evaluate(run: _Run) -> None:
+    """Phase eval (every ``eval.every`` steps): the servable policy on the eval suite."""
+    step = run.step
+    results = evaluate_policy(run.servable(), run.config.eval, run.out / "eval" / f"step_{step:06d}", f"sft:step{step}")
+    run.logger.log(step, {"eval_success": results["totals"]["success_rate"]})
+
+
+def _export_and_evaluate(run: _Run, result: SFTResult, log: Callable[[str], None]) -> None:
+    """Phase export: ``final/`` (a servable policy folder), the learning curve and the final evaluation."""
+    config, out = run.config, run.out
+    policy = run.servable()
+    result.final_dir = export_policy(policy, out / "final", source=f"sft:{config.name}:step{run.step}")
+    log(f"final policy: {result.final_dir} (training {result.total_train_wall_s / 60:.1f} min)")
+    if config.output.plot:
+        from cosmos_robot_trainers.common.plot import plot_learning_curve
+
+        plot_learning_curve(out, keys=("loss", "grad_norm", "lr", "eval_success"))
+    if config.eval.final:
+        result.eval_results = evaluate_policy(policy, config.eval, out / "eval" / "final", "sft:final", final=True)
+        log(f"final eval: {100 * result.eval_results['totals']['success_rate']:.1f}% success")
+
+
+def sft_adapter(config: SFTConfig, log: Callable[[str], None] = print) -> SFTAdapter:
+    """The SFT adapter of the recipe's family (the ``init`` folder's, else a new ``[model]``), base loaded."""
+    init = resolve_init(config.init, log=log) if config.init is not None else None
+    family = family_of(init) if init is not None else get_family(NEW_MODEL_FAMILY)
+    adapter = family.sft_adapter()
+    if not isinstance(adapter, SFTAdapter):
+        raise TypeError(f"family {family.name!r}: sft={family.sft!r} does not implement SFTAdapter")
+    adapter.load_base(config, init)
+    return adapter
 
 
 def _clip(model: torch.nn.Module, max_norm: float | None) -> float:

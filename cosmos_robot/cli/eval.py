@@ -1,0 +1,197 @@
+"""``cosmos-robot eval``: headless parallel evaluation of a server, a factory or a checkpoint folder.
+
+Every option that is an ``EvalConfig`` field takes its default and help from the field
+(``cosmos_robot_envs/eval/config.py``); the rest say how to reach the policy.
+"""
+
+# ruff: noqa: B008 - typer options are declared as parameter defaults (derived from the config classes)
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from cosmos_robot.cli.common import check_policy_ref, connecting, fail, load_ckpt_policy
+from cosmos_robot.cli.options import EVAL, config_values
+
+__all__ = ["command", "split_tasks"]
+
+
+def split_tasks(text: Optional[str]) -> tuple[str, ...]:
+    """``--tasks reach,push`` -> ``("reach", "push")``; None or empty: every task of the suite."""
+    return tuple(t.strip() for t in text.split(",") if t.strip()) if text else ()
+
+
+def command(
+    out: str = typer.Option(..., help="Output folder (episodes.jsonl, results.json, report.html, videos/)."),
+    policy: Optional[str] = typer.Option(
+        None,
+        help="A running server (ws://HOST:PORT) or an in-process policy factory MODULE:FACTORY, "
+        "e.g. cosmos_robot_envs.tabletop:ExpertPolicy.",
+    ),
+    ckpt: Optional[str] = typer.Option(None, help="A checkpoint folder evaluated in-process with batched inference."),
+    policy_arg: Optional[list[str]] = typer.Option(
+        None,
+        "--policy-arg",
+        "-a",
+        help="KEY=VALUE passed to an in-process factory, or with --ckpt to the family's loader as `serve --ckpt` "
+        "does, e.g. -a precision=bf16 (repeatable).",
+    ),
+    suite: str = EVAL.option("suite", help="Env suite: {suites}."),
+    tasks: Optional[str] = EVAL.option(
+        "tasks",
+        help="Comma-separated task names of the suite (default: all of them).",
+        from_config=lambda names: ",".join(names) or None,
+        to_config=split_tasks,
+    ),
+    episodes_per_task: int = EVAL.option("episodes_per_task"),
+    num_envs: int = EVAL.option("num_envs"),
+    replan_steps: int = EVAL.option("replan_steps"),
+    seed: int = EVAL.option("seed"),
+    video_episodes: int = EVAL.option("video_episodes"),
+    video_failures: bool = EVAL.option("video_failures", "--video-failures/--no-video-failures"),
+    image_size: int = EVAL.option("image_size"),
+    vector_mode: str = EVAL.option("vector_mode"),
+    max_steps: Optional[int] = EVAL.option("max_steps"),
+    batch_requests: bool = EVAL.option("batch_requests", "--batch-requests/--no-batch-requests"),
+    align_starts: bool = EVAL.option("align_starts", "--align-starts/--no-align-starts"),
+    api_key: Optional[str] = typer.Option(None, envvar="COSMOS_ROBOT_API_KEY", help="API key for the server."),
+    connect_timeout_s: float = typer.Option(10.0, help="Give up connecting to the server after this long."),
+    wait_s: float = typer.Option(
+        0.0,
+        help="Keep retrying this long while nothing listens at the --policy URL (a server still starting); "
+        "0: fail at once.",
+    ),
+    request_timeout_s: float = typer.Option(300.0, help="Fail when one policy request takes longer."),
+    device: str = typer.Option("auto", help="Torch device for --ckpt (auto: cuda when available, else cpu)."),
+    overwrite: bool = typer.Option(False, help="Delete a previous run in --out and start fresh (default: resume it)."),
+) -> None:
+    """Evaluate a policy on a simulated suite: N envs in lockstep, one batched request per control step.
+
+    Writes per-episode records (episodes.jsonl), per-task success with Wilson 95% intervals
+    (results.json), videos and report.html into --out. Rerunning the same command resumes an
+    interrupted run; --overwrite starts fresh.
+
+    \b
+    Examples:
+        cosmos-robot eval --policy ws://127.0.0.1:8000 --tasks reach,push --episodes-per-task 20 --out runs/e1
+        cosmos-robot eval --ckpt checkpoints/flow_tabletop --num-envs 8 --out runs/e2
+    """
+    options = dict(locals())  # the option values by name (the config's fields are read from them)
+    if (policy is None) == (ckpt is None):
+        raise fail("pass exactly one of --policy (server URL or MODULE:FACTORY) or --ckpt (checkpoint folder)", 2)
+    source = policy if policy is not None else f"ckpt:{Path(str(ckpt)).resolve()}"
+    remote, policy_kwargs, config = _eval_config(options, source, policy_arg or [])
+    pol = _load(source, remote, ckpt, device, policy_kwargs, api_key, connect_timeout_s, wait_s, request_timeout_s)
+    kind = "websocket" if remote else "checkpoint" if ckpt is not None else "in_process"
+    results = _run(config, pol, out, kind, overwrite, remote)
+    _print_results(results, suite, out)
+
+
+def _eval_config(options: dict[str, Any], source: str, policy_arg: list[str]) -> tuple[bool, dict[str, Any], Any]:
+    """``(remote, policy kwargs, EvalConfig)`` from the options; a bad one exits with a usage error."""
+    from cosmos_robot_envs.eval import EvalConfig, get_suite
+
+    policy = options["policy"]
+    try:
+        remote = policy is not None and check_policy_ref(policy)
+        if remote and policy_arg:
+            raise ValueError("--policy-arg applies to an in-process MODULE:FACTORY or --ckpt, not a server URL")
+        policy_kwargs: dict[str, Any] = {}
+        if not remote:
+            from cosmos_robot.policy_loading import parse_policy_args
+
+            policy_kwargs = parse_policy_args(policy_arg)
+        fields = config_values(command, options)
+        fields["tasks"] = get_suite(fields["suite"]).resolve_tasks(list(fields["tasks"]))
+        config = EvalConfig(policy=source, policy_args=policy_kwargs, **fields)
+    except ValueError as exc:
+        raise fail(str(exc), 2) from exc
+    return remote, policy_kwargs, config
+
+
+def _load(
+    source: str,
+    remote: bool,
+    ckpt: Optional[str],
+    device: str,
+    policy_kwargs: dict[str, Any],
+    api_key: Optional[str],
+    connect_timeout_s: float,
+    wait_s: float,
+    request_timeout_s: float,
+) -> Any:
+    """The policy: a connected websocket client, a checkpoint loaded in-process, or a factory's product."""
+    if remote:
+        from cosmos_robot_envs.eval import connect_websocket
+
+        connecting(source)
+        try:
+            return connect_websocket(
+                source,
+                api_key=api_key,
+                connect_timeout_s=max(connect_timeout_s, wait_s),
+                request_timeout_s=request_timeout_s,
+                refused_timeout_s=wait_s,
+            )
+        except (ConnectionError, PermissionError, ValueError) as exc:
+            hint = ""
+            if isinstance(exc.__cause__, ConnectionRefusedError):
+                hint = "\nstart one with `cosmos-robot serve`, or pass --wait-s SECONDS to wait for one starting up"
+            raise fail(f"cannot reach the policy server: {exc}{hint}", 1) from exc  # exc names the URL
+    if ckpt is not None:
+        try:
+            return load_ckpt_policy(ckpt, device, policy_kwargs)
+        except ValueError as exc:  # a bad folder, -a option or --device (CheckpointError is a ValueError)
+            raise fail(str(exc), 2) from exc
+    from cosmos_robot.policy_loading import PolicyLoadError, load_policy_factory
+
+    try:
+        return load_policy_factory(source, policy_kwargs)
+    except PolicyLoadError as exc:
+        raise fail(str(exc), 2) from exc
+
+
+def _run(config: Any, pol: Any, out: str, kind: str, overwrite: bool, remote: bool) -> dict[str, Any]:
+    """``run_eval`` with a progress bar; a failure exits with its message; a server connection is closed."""
+    from rich.console import Console
+
+    from cosmos_robot_envs.eval import ConfigMismatchError, PolicyOutputError, run_eval
+    from cosmos_robot_envs.eval.progress import RichProgress
+
+    try:
+        with RichProgress(Console(stderr=True)) as progress:
+            results: dict[str, Any] = run_eval(
+                config, pol, out, policy_kind=kind, overwrite=overwrite, callbacks=progress
+            )
+    except KeyboardInterrupt:
+        typer.secho(f"interrupted; finished episodes are kept in {out}: rerun the same command to resume", err=True)
+        raise typer.Exit(130) from None
+    except ConfigMismatchError as exc:
+        raise fail(str(exc), 2) from exc
+    except PolicyOutputError as exc:
+        raise fail(str(exc), 1) from exc
+    except (ConnectionError, TimeoutError, RuntimeError) as exc:
+        raise fail(f"policy {config.policy}: {exc}", 1) from exc
+    finally:
+        close = getattr(pol, "close", None)
+        if remote and callable(close):
+            close()
+    return results
+
+
+def _print_results(results: dict[str, Any], suite: str, out: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{suite}: {results['policy']['source']}")
+    for column in ("task", "success", "rate", "95% CI"):
+        table.add_column(column, justify="left" if column == "task" else "right")
+    rows = [*results["tasks"].items(), ("total", results["totals"])]
+    for name, s in rows:
+        ci = f"[{100 * s['ci95_low']:.0f}%, {100 * s['ci95_high']:.0f}%]"
+        table.add_row(name, f"{s['successes']}/{s['episodes']}", f"{100 * s['success_rate']:.1f}%", ci)
+    Console().print(table)
+    thr = results["throughput"]
+    typer.echo(f"{thr['episodes_per_min']:.1f} episodes/min; report: {out}/report.html")

@@ -1,0 +1,89 @@
+"""``cosmos-robot record``: scripted-expert demonstrations as a LeRobot dataset; the options are
+``RecordConfig``'s fields (``cosmos_robot/data/record.py``) with their defaults and comments."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from cosmos_robot.cli.common import fail
+from cosmos_robot.cli.eval import split_tasks
+from cosmos_robot.cli.options import RECORD
+
+__all__ = ["command"]
+
+
+def command(
+    out: str = typer.Option(..., help="Dataset folder to create (a LeRobot v3 dataset)."),
+    suite: str = RECORD.option("suite"),
+    tasks: Optional[str] = RECORD.option(
+        "tasks",
+        help="Comma-separated task names of the suite (default: all of them).",
+        from_config=lambda names: ",".join(names) or None,
+        to_config=split_tasks,
+    ),
+    episodes_per_task: int = RECORD.option("episodes_per_task"),
+    num_envs: int = RECORD.option("num_envs"),
+    image_size: int = RECORD.option("image_size"),
+    seed: int = RECORD.option(
+        "seed", help="Base seed; episode seeds hash it with the task and index (disjoint from eval's)."
+    ),
+    only_success: bool = RECORD.option("only_success", "--only-success/--keep-failed"),
+    overwrite: bool = typer.Option(False, help="Replace an existing dataset in --out."),
+    vector_mode: str = RECORD.option("vector_mode"),
+    videos: bool = RECORD.option("use_videos", "--videos/--no-videos"),
+    max_steps: Optional[int] = RECORD.option("max_steps"),
+    repo_id: str = RECORD.option("repo_id"),
+    image_writer_threads: int = RECORD.option("image_writer_threads"),
+) -> None:
+    """Record scripted-expert demonstrations as a LeRobot dataset (cameras, state, actions, instruction).
+
+    Episodes stop at success; failed rollouts are dropped unless --keep-failed. The seeds, the
+    command and any dropped episodes are listed in DIR/meta/cosmos_robot.json. Read it back with
+    LeRobotDataset(repo_id, root=DIR) or cosmos_robot.data.load_demonstrations.
+
+    \b
+    Example:
+        cosmos-robot record --tasks reach,push,pick_place,open_drawer --episodes-per-task 50 --out data/tabletop
+    """
+    from rich.console import Console
+
+    from cosmos_robot.data.progress import RichRecordProgress
+    from cosmos_robot.data.record import RecordConfig, record_demonstrations
+
+    try:
+        config = RecordConfig(
+            tasks=split_tasks(tasks),
+            episodes_per_task=episodes_per_task,
+            suite=suite,
+            num_envs=num_envs,
+            image_size=image_size,
+            seed=seed,
+            only_success=only_success,
+            vector_mode=vector_mode,
+            use_videos=videos,
+            max_steps=max_steps,
+            repo_id=repo_id,
+            image_writer_threads=image_writer_threads,
+        )
+    except ValueError as exc:
+        raise fail(str(exc), 2) from exc
+    try:
+        with RichRecordProgress(Console(stderr=True)) as progress:
+            summary = record_demonstrations(
+                config, out, overwrite=overwrite, callbacks=progress, command=["cosmos-robot", *sys.argv[1:]]
+            )
+    except KeyboardInterrupt:
+        typer.secho(f"interrupted; the episodes written so far form a valid dataset in {out}", err=True)
+        raise typer.Exit(130) from None
+    except (FileExistsError, ValueError) as exc:
+        raise fail(str(exc), 2) from exc
+    except RuntimeError as exc:
+        raise fail(str(exc), 1) from exc
+    counts, thr = summary["counts"], summary["throughput"]
+    typer.echo(
+        f"kept {counts['kept']}/{counts['rolled_out']} episodes ({counts['frames']} frames), "
+        f"{counts['failed']} failed; {thr['episodes_per_min']:.1f} episodes/min; dataset: {out}"
+    )
