@@ -13,14 +13,9 @@ from typing import Any, Optional
 import typer
 
 from cosmos_robot.cli.common import check_policy_ref, connecting, fail, load_ckpt_policy
-from cosmos_robot.cli.options import EVAL, config_values
+from cosmos_robot.cli.options import EVAL, config_values, policy_arg_option, tasks_option
 
-__all__ = ["command", "split_tasks"]
-
-
-def split_tasks(text: Optional[str]) -> tuple[str, ...]:
-    """``--tasks reach,push`` -> ``("reach", "push")``; None or empty: every task of the suite."""
-    return tuple(t.strip() for t in text.split(",") if t.strip()) if text else ()
+__all__ = ["command"]
 
 
 def command(
@@ -31,20 +26,12 @@ def command(
         "e.g. cosmos_robot_envs.tabletop:ExpertPolicy.",
     ),
     ckpt: Optional[str] = typer.Option(None, help="A checkpoint folder evaluated in-process with batched inference."),
-    policy_arg: Optional[list[str]] = typer.Option(
-        None,
-        "--policy-arg",
-        "-a",
-        help="KEY=VALUE passed to an in-process factory, or with --ckpt to the family's loader as `serve --ckpt` "
-        "does, e.g. -a precision=bf16 (repeatable).",
+    policy_arg: Optional[list[str]] = policy_arg_option(
+        "passed to an in-process factory, or with --ckpt to the family's loader as `serve --ckpt` does, "
+        "e.g. -a precision=bf16"
     ),
     suite: str = EVAL.option("suite", help="Env suite: {suites}."),
-    tasks: Optional[str] = EVAL.option(
-        "tasks",
-        help="Comma-separated task names of the suite (default: all of them).",
-        from_config=lambda names: ",".join(names) or None,
-        to_config=split_tasks,
-    ),
+    tasks: Optional[str] = tasks_option(EVAL),
     episodes_per_task: int = EVAL.option("episodes_per_task"),
     num_envs: int = EVAL.option("num_envs"),
     replan_steps: int = EVAL.option("replan_steps"),

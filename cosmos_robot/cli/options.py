@@ -32,7 +32,18 @@ from typing import Any
 
 import typer
 
-__all__ = ["EVAL", "RECORD", "SERVER", "ConfigClass", "FieldLink", "config_values", "real_default"]
+__all__ = [
+    "EVAL",
+    "RECORD",
+    "SERVER",
+    "ConfigClass",
+    "FieldLink",
+    "config_values",
+    "policy_arg_option",
+    "real_default",
+    "split_tasks",
+    "tasks_option",
+]
 
 _MISSING = object()
 _FACTORIES: dict[str, Callable[[], Any]] = {"dict": dict, "list": list, "tuple": tuple, "set": set}
@@ -93,6 +104,26 @@ class ConfigClass:
         info = typer.Option(from_config(default) if from_config else default, *param_decls, help=doc, **kwargs)
         info.config_field = FieldLink(self, field, to_config)
         return info
+
+
+def split_tasks(text: str | None) -> tuple[str, ...]:
+    """``--tasks reach,push`` -> ``("reach", "push")``; None or empty: every task of the suite."""
+    return tuple(t.strip() for t in text.split(",") if t.strip()) if text else ()
+
+
+def tasks_option(owner: ConfigClass) -> Any:
+    """``--tasks a,b`` for a config's ``tasks`` tuple (task names or indices; empty: the whole suite)."""
+    return owner.option(
+        "tasks",
+        help="Comma-separated task names or indices of the suite, e.g. 0,2-3 (default: all of them).",
+        from_config=lambda names: ",".join(names) or None,
+        to_config=split_tasks,
+    )
+
+
+def policy_arg_option(help: str) -> Any:
+    """``--policy-arg / -a KEY=VALUE`` (repeatable); ``help`` continues "KEY=VALUE ..."."""
+    return typer.Option(None, "--policy-arg", "-a", help=f"KEY=VALUE {help} (repeatable).")
 
 
 def config_values(command: Callable[..., Any], options: Mapping[str, Any]) -> dict[str, Any]:

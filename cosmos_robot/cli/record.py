@@ -9,8 +9,7 @@ from typing import Optional
 import typer
 
 from cosmos_robot.cli.common import fail
-from cosmos_robot.cli.eval import split_tasks
-from cosmos_robot.cli.options import RECORD
+from cosmos_robot.cli.options import RECORD, split_tasks, tasks_option
 
 __all__ = ["command"]
 
@@ -18,12 +17,7 @@ __all__ = ["command"]
 def command(
     out: str = typer.Option(..., help="Dataset folder to create (a LeRobot v3 dataset)."),
     suite: str = RECORD.option("suite"),
-    tasks: Optional[str] = RECORD.option(
-        "tasks",
-        help="Comma-separated task names of the suite (default: all of them).",
-        from_config=lambda names: ",".join(names) or None,
-        to_config=split_tasks,
-    ),
+    tasks: Optional[str] = tasks_option(RECORD),
     episodes_per_task: int = RECORD.option("episodes_per_task"),
     num_envs: int = RECORD.option("num_envs"),
     image_size: int = RECORD.option("image_size"),

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 
 from cosmos_robot.cli.common import fail, load_ckpt_policy, torch_device
-from cosmos_robot.cli.options import SERVER, config_values
+from cosmos_robot.cli.options import SERVER, config_values, policy_arg_option
 
 __all__ = ["TRANSPORT_CHOICES", "command", "parse_transports", "warmup_batches"]
 
@@ -57,12 +57,8 @@ def command(
     policy: Optional[str] = typer.Option(
         None, help="Policy factory as MODULE:FACTORY, e.g. cosmos_robot_server.example_policies:constant."
     ),
-    policy_arg: Optional[list[str]] = typer.Option(
-        None,
-        "--policy-arg",
-        "-a",
-        help="KEY=VALUE passed to the factory, or with --ckpt to the family's loader, e.g. -a compile=true "
-        "-a precision=bf16 for pi05 (repeatable).",
+    policy_arg: Optional[list[str]] = policy_arg_option(
+        "passed to the factory, or with --ckpt to the family's loader, e.g. -a compile=true -a precision=bf16 for pi05"
     ),
     host: str = SERVER.option("host"),
     port: int = SERVER.option("port"),

@@ -69,8 +69,12 @@ def deterministic(record: dict) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ALGOS)
 def test_debug_recipe_runs_resumes_exactly_and_exports(algo: str, tmp_path: Path) -> None:
-    full = run_rl(debug_config(algo, tmp_path / "full"), log=quiet)
+    lines: list[str] = []
+    full = run_rl(debug_config(algo, tmp_path / "full"), log=lines.append)
     assert full.finished and full.iteration == 2
+    per_iter = [line for line in lines if line.startswith("iter ")]  # one metrics line per iteration
+    assert [line.split(":")[0] for line in per_iter] == ["iter 1/2", "iter 2/2"]
+    assert all("train_success=" in line for line in per_iter) and any("_loss=" in x for x in per_iter), per_iter
     assert full.final_dir is not None and isinstance(load_policy_folder(full.final_dir), FlowPolicy)
     # killed after iteration 1 (its checkpoint written), then resumed by the same command
     cut = run_rl(debug_config(algo, tmp_path / "cut"), stop_at_iteration=1, log=quiet)

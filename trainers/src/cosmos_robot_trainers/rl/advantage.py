@@ -16,7 +16,7 @@ from cosmos_robot_trainers.algorithms.advantages import filter_groups, normalize
 from cosmos_robot_trainers.rl.config import AlgoConfig
 from cosmos_robot_trainers.rl.rollout import Rollout
 
-__all__ = ["Advantages", "dpo_pairs", "episode_layout", "group_advantages", "nft_optimality", "ppo_advantages"]
+__all__ = ["Advantages", "dpo_pairs", "episode_layout", "group_advantages", "nft_advantages", "ppo_advantages"]
 
 
 @dataclass
@@ -89,7 +89,7 @@ def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
     return Advantages(ep_adv[rollout.episode], None, ep_keep[rollout.episode], stats)
 
 
-def nft_optimality(rollout: Rollout, algo: AlgoConfig) -> Advantages:
+def nft_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
     """DiffusionNFT's optimality probability r per decision (from the group advantage of its episode)."""
     grp = group_advantages(rollout, algo)
     r = get_algorithm("advantage", "nft_optimality")(grp.advantages, a_max=algo.nft_a_max)

@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 
 from cosmos_robot.config import StrictModel
 from cosmos_robot_trainers.common.evaluation import EvalSchedule
+from cosmos_robot_trainers.common.output import OutputConfig
 
 __all__ = [
     "ALGORITHMS",
@@ -138,14 +139,6 @@ class EvalConfig(EvalSchedule):
     final_episodes_per_task: int | None = Field(default=25, ge=1)  # episodes per task of the final evaluation
     num_envs: int = Field(default=8, ge=1)  # envs in lockstep
     vector_mode: Literal["sync", "async"] = "async"
-
-
-class OutputConfig(StrictModel):
-    """Where the run writes: config, metrics, TensorBoard, checkpoints, final policy, learning curve."""
-
-    dir: str  # output folder (relative to the working directory)
-    tensorboard: bool = True  # TensorBoard events under <dir>/tensorboard
-    plot: bool = True  # <dir>/learning_curve.png after every evaluation and at the end
 
 
 class RLConfig(StrictModel):

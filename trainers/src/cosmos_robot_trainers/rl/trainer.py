@@ -45,7 +45,7 @@ from cosmos_robot_trainers.common import (
 from cosmos_robot_trainers.common.evaluation import EvalHookConfig, evaluate_policy
 from cosmos_robot_trainers.common.export import export_policy
 from cosmos_robot_trainers.common.rundir import CHECKPOINTS, prepare_run_dir
-from cosmos_robot_trainers.rl.advantage import Advantages, dpo_pairs, group_advantages, nft_optimality, ppo_advantages
+from cosmos_robot_trainers.rl.advantage import Advantages, dpo_pairs, group_advantages, nft_advantages, ppo_advantages
 from cosmos_robot_trainers.rl.config import RUNTIME_FIELDS, RLConfig
 from cosmos_robot_trainers.rl.learner import (
     RATIO_GATE,
@@ -248,6 +248,29 @@ def _serve_with_rollout_steps(config: RLConfig, policy: RLAdapter, log: Callable
         policy.set_num_flow_steps(steps)
 
 
+# what the one line per iteration shows, in order (when the iteration logged it)
+LINE_KEYS = (
+    "train_success",
+    "episode_return",
+    "eval_success",
+    "policy_loss",
+    "value_loss",
+    "nft_loss",
+    "dpo_loss",
+    "ratio_dev_first_mb",
+    "kl_ref",
+    "entropy",
+    "grad_norm",
+)
+
+
+def iteration_line(it: int, total: int, metrics: dict[str, Any]) -> str:
+    """``iter 3/10: train_success=0.5 episode_return=1.2 policy_loss=-0.013 ... (12.3 s)``: a log file's view."""
+    shown = " ".join(f"{k}={metrics[k]:.4g}" for k in LINE_KEYS if isinstance(metrics.get(k), (int, float)))
+    wall = sum(v for k, v in metrics.items() if k.startswith("time/") and not k.startswith("time/rollout_"))
+    return f"iter {it}/{total}: {shown} ({wall:.1f} s)"
+
+
 def _train(run: _Run, stop: int, result: RLResult, log: Callable[[str], None]) -> None:
     """The loop up to iteration ``stop``: the iteration's phases, the ratio gate, [eval], log, [checkpoint]."""
     config, tcfg = run.config, run.config.train
@@ -265,6 +288,7 @@ def _train(run: _Run, stop: int, result: RLResult, log: Callable[[str], None]) -
                 result.eval_history.append((it, metrics["eval_success"]))
             run.logger.log(it, metrics)
             result.last_metrics = metrics
+            log(iteration_line(it, tcfg.iterations, metrics))
             bar.update(it, {"train_success": metrics["train_success"], "eval": metrics.get("eval_success", "-")})
             if it % tcfg.ckpt_every == 0 or last_iter:
                 _checkpoint(run, it)
@@ -362,7 +386,7 @@ def _advantage(
     elif config.trainer == "grpo":
         adv = group_advantages(rollout, algo)
     elif config.trainer == "nft":
-        adv = nft_optimality(rollout, algo)
+        adv = nft_advantages(rollout, algo)
     else:
         pairs = dpo_pairs(rollout, algo, gen)
         return pairs, {"pairs": float(len(pairs))}

@@ -18,6 +18,7 @@ from pydantic import Field, model_validator
 from cosmos_robot.config import StrictModel
 from cosmos_robot.policies.flow import FlowConfig
 from cosmos_robot_trainers.common.evaluation import EvalHookConfig
+from cosmos_robot_trainers.common.output import OutputConfig
 
 __all__ = [
     "OUTPUT_DIR",
@@ -99,14 +100,6 @@ class TrainConfig(StrictModel):
                 "so a resumed run logs the same records"
             )
         return self
-
-
-class OutputConfig(StrictModel):
-    """Where the run writes (config, metrics, TensorBoard, checkpoints, final policy)."""
-
-    dir: str  # output folder (relative paths are relative to the working directory)
-    tensorboard: bool = True  # write TensorBoard events under <dir>/tensorboard
-    plot: bool = True  # write <dir>/learning_curve.png at the end
 
 
 # the family a recipe without ``init`` trains: its [model] table is a FlowConfig
