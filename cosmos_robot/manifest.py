@@ -12,7 +12,7 @@ What it does not do (decided here, documented in docs/exporters.md):
   that a hub download adds, eval results written next to it) are a warning, not an error: they do
   not change the listed bytes, and refusing them would break every folder someone annotates.
   ``verify_manifest`` logs them and ``check_manifest`` returns them;
-- a folder without ``manifest.json`` (a training run's ``final/``, a LeRobot download) is not an
+- a folder without ``manifest.json`` (written before manifests existed, a LeRobot download) is not an
   error: ``verify_manifest`` returns False and loading goes on unverified;
 - it is an integrity check, not a signature: whoever can rewrite the weights can rewrite the manifest.
 
@@ -83,6 +83,9 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+_TMP_FILE = f".{MANIFEST_FILE}.tmp"  # written, then renamed: never listed (a stale one may survive a kill)
+
+
 def _files(root: Path) -> list[str]:
     """Every regular file under ``root`` (symlinks followed) as sorted relative posix paths, the manifest excluded."""
     found = []
@@ -91,7 +94,7 @@ def _files(root: Path) -> list[str]:
             full = Path(dirpath) / name
             if full.is_file():
                 rel = full.relative_to(root).as_posix()
-                if rel != MANIFEST_FILE:
+                if rel not in (MANIFEST_FILE, _TMP_FILE):
                     found.append(rel)
     return sorted(found)
 
@@ -127,7 +130,7 @@ def write_manifest(folder: str | Path, extra: dict[str, Any] | None = None) -> P
         "files": files,
     }
     path = root / MANIFEST_FILE
-    tmp = root / f".{MANIFEST_FILE}.tmp"
+    tmp = root / _TMP_FILE
     tmp.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
     return path

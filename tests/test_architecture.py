@@ -108,7 +108,8 @@ def _module_name(package: str, path: Path) -> str:
 
 
 def _module_level_imports(path: Path) -> set[str]:
-    """Imports executed when the module is imported (not inside functions or ``if TYPE_CHECKING``)."""
+    """Imports executed when the module is imported: everywhere but function bodies and ``if TYPE_CHECKING``
+    (class bodies, ``try`` / ``except`` / ``else`` / ``finally``, ``with`` and ``for`` bodies all run)."""
     names: set[str] = set()
 
     def visit(body: list[ast.stmt]) -> None:
@@ -117,14 +118,31 @@ def _module_level_imports(path: Path) -> set[str]:
                 names.update(a.name for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names.add(node.module)
-            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
-                visit(node.body)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
+            else:
+                for field in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, field, []) or [])
+                for handler in getattr(node, "handlers", []) or []:
+                    visit(handler.body)
 
     visit(ast.parse(path.read_text()).body)
     return names
+
+
+def test_module_level_import_scan_sees_guarded_imports(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text(
+        "import a\n"
+        "try:\n    import b\nexcept ImportError:\n    import c\nelse:\n    import d\nfinally:\n    import e\n"
+        "class K:\n    import f\n"
+        "with x:\n    import g\n"
+        "def fn():\n    import lazy\n"
+        "if TYPE_CHECKING:\n    import typing_only\n"
+    )
+    assert _module_level_imports(src) == set("abcdefg")
 
 
 def test_core_never_imports_trainers_or_exporters_at_module_level() -> None:

@@ -142,3 +142,25 @@ def test_load_policy_refuses_a_corrupted_weight_file(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match=r"bad/model.safetensors: sha256 mismatch with manifest.json"):
         load_policy_folder(bad)  # ...but not through load_policy_folder
     assert (load_policy_folder(folder).infer(obs)["actions"] == expected).all()
+
+
+def test_export_refuses_a_corrupted_source_instead_of_vouching_for_it(tmp_path: Path) -> None:
+    """Re-exporting a damaged export must not write a fresh manifest over the damaged bytes."""
+    from cosmos_robot_exporters import export_checkpoint
+
+    config = tiny_config()
+    folder = FlowPolicy(scrambled_model(config), tiny_stats(config)).save_pretrained(tmp_path / "policy")
+    write_manifest(folder, {"family": "flow"})
+    blob = bytearray((folder / "model.safetensors").read_bytes())
+    blob[-10] ^= 0x01
+    (folder / "model.safetensors").write_bytes(bytes(blob))
+    with pytest.raises(CheckpointError, match="model.safetensors: sha256 mismatch"):
+        export_checkpoint(folder, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_stale_temporary_manifest_is_never_listed(tmp_path: Path) -> None:
+    root = _folder(tmp_path / "f")
+    (root / f".{MANIFEST_FILE}.tmp").write_text("{}")  # left by a write_manifest killed before its rename
+    write_manifest(root)
+    assert verify_manifest(root)

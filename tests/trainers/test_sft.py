@@ -266,3 +266,12 @@ def test_rng_snapshot_round_trips_through_weights_only_load(tmp_path: Path) -> N
     restore_rng_state(torch.load(tmp_path / "rng.pt", weights_only=True))
     got = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(expected[0], got[0]) and np.array_equal(expected[1], got[1]) and expected[2] == got[2]
+
+
+def test_initial_eval_is_the_first_point_of_the_learning_curve(demo_root: Path, tmp_path: Path) -> None:
+    extra = ("eval.initial=true", "eval.episodes_per_task=1", "eval.tasks=['reach']", "eval.replan_steps=4")
+    run_sft(debug_config(demo_root, tmp_path / "run", "train.steps=10", *extra), log=quiet)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    first = [r for r in records if "eval_success" in r]
+    assert first and first[0]["step"] == 0
+    assert (tmp_path / "run" / "eval" / "step_000000" / "results.json").is_file()

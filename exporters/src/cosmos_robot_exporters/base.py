@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from cosmos_robot.manifest import MANIFEST_FILE, read_manifest, write_manifest
+from cosmos_robot.manifest import MANIFEST_FILE, verify_manifest, write_manifest
 from cosmos_robot.policies.registry import CheckpointError
 
 __all__ = [
@@ -112,9 +112,13 @@ def export_checkpoint(
     first); ``base``: the folder the export is built on where the target needs one (GR00T);
     ``overwrite``: replace an existing export at ``out``.
     """
-    from cosmos_robot_exporters.sources import family_for
+    from cosmos_robot_exporters.sources import family_for, resolve_run
 
     src = Path(source)
+    # a corrupted folder must not come out with a fresh manifest vouching for its bytes
+    for folder in (None if resolve_run(src) is not None else src, None if base is None else Path(base)):
+        if folder is not None and folder.is_dir():
+            verify_manifest(folder)
     family = family_for(src)
     exporter = family.exporter()
     if not isinstance(exporter, Exporter):
@@ -153,7 +157,7 @@ def check_out(out: Path, overwrite: bool, protect: tuple[Path | None, ...] = ())
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise ExportError(f"--out {out} already exists and is not empty; pass --overwrite to replace it")
-        if read_manifest(out) is None and not (out / MANIFEST_FILE).exists():
+        if not (out / MANIFEST_FILE).is_file():
             found = sorted(p.name for p in out.iterdir())[:6]
             raise ExportError(
                 f"--out {out} holds files that are not an export (no {MANIFEST_FILE}; found {found}); "

@@ -177,8 +177,8 @@ def _merge(
     if missing:
         problems.append("missing keys (in the base, not trained): " + _names(HEAD, missing))
     if unexpected:
-        problems.append("unexpected keys (trained, not in the base): " + _names(HEAD, unexpected + other))
-    elif other:
+        problems.append("unexpected keys (trained, not in the base): " + _names(HEAD, unexpected))
+    if other:
         problems.append("unexpected keys (neither backbone, action head nor value head): " + ", ".join(other[:6]))
     for rel in sorted(set(base_head) & set(head)):
         a, b = tuple(weights[head[rel]].shape), tuple(tensors[base_head[rel]].shape)

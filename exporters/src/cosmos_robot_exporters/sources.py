@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cosmos_robot.manifest import verify_manifest
 from cosmos_robot.policies.registry import CheckpointError, read_json
 
 __all__ = ["RunSource", "family_for", "load_trained_weights", "resolve_run", "sft_data_stats"]
@@ -61,9 +62,10 @@ class RunSource:
 
         RL: ``init`` (RL never changes normalisation). SFT: ``final/`` once written (it carries the
         data's stats), else ``init`` (its stats are then replaced with recomputed ones)."""
-        if not self.is_rl and self.final is not None:
-            return self.final
-        return self.init
+        folder = self.final if not self.is_rl and self.final is not None else self.init
+        if folder is not None:
+            verify_manifest(folder)  # the export copies its files: they must be the ones that were written
+        return folder
 
     def describe(self) -> str:
         return f"{self.trainer} run {self.run_dir} at step {self.step} ({self.checkpoint.name})"
@@ -192,9 +194,11 @@ def sft_data_stats(run: RunSource) -> dict[str, Any]:
             f"{run.run_dir}: an SFT run without final/; its export needs the stats of its data {data.get('root')!r}, "
             "which is not here (export from the folder the training ran in, or export final/ once written)"
         )
-    camera = next(
-        k.removeprefix("observation.images.") for k in info["features"] if k.startswith("observation.images.")
-    )
+    features = info.get("features", {})
+    cameras = [k.removeprefix("observation.images.") for k in features if k.startswith("observation.images.")]
+    if not cameras:
+        raise CheckpointError(f"{root}/meta/info.json: no observation.images.* feature; not a recorded demo dataset")
+    camera = cameras[0]
     demo = load_demonstrations(root, chunk_size=1, image_size=1, cameras=(camera,))
     limit = data.get("max_episodes_per_task")
     if limit is not None:

@@ -10,6 +10,7 @@ file checksums that ``serve --ckpt`` / ``eval --ckpt`` verify.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,12 @@ def export_policy(policy: Any, out_dir: str | Path, source: str = "") -> Path:
         shutil.rmtree(tmp)
     policy.save_pretrained(tmp)
     write_manifest(tmp, {"family": family_of(tmp).name, "source": source, "target": "policy"})
+    old = out.with_name(out.name + ".old")  # a kill at any point leaves a complete out (or out.old)
+    if old.exists():
+        shutil.rmtree(old)
     if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old.exists():
+        shutil.rmtree(old)
     return out

@@ -46,11 +46,14 @@ class TrainProgress:
         console: Console | None = None,  # default: stderr
         every_steps: int | None = None,  # plain lines: one when this many steps passed (default: total / 20)
         every_s: float = 30.0,  # ... or when this many seconds passed, whichever comes first
+        unit: str = "step",  # what is counted ("iteration" for RL)
+        plain_lines: bool = True,  # off a terminal, print plain lines (False: the caller logs its own)
     ) -> None:
         self.total, self.start, self.description, self.enabled = total, start, description, enabled
         self.console = console if console is not None else Console(stderr=True)
         self.every_steps = every_steps if every_steps is not None else max(1, -(-total // 20))
         self.every_s = every_s
+        self.unit, self.plain_lines = unit, plain_lines
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._plain = False
@@ -66,7 +69,7 @@ class TrainProgress:
         self._t0 = time.monotonic()
         self._last_line = (self.start, self._t0)
         if not self.console.is_terminal:
-            self._plain = True
+            self._plain = self.plain_lines
             return self
         self._progress = count_bar(
             self.description, ["[cyan]{task.fields[rate]}"], self.console, after=["{task.fields[info]}"]
@@ -91,16 +94,16 @@ class TrainProgress:
             return
         fields: dict[str, Any] = {"info": self._info} if metrics is not None else {}
         if rate is not None:
-            fields["rate"] = f"{rate:.2f} steps/s"
+            fields["rate"] = f"{rate:.2f} {self.unit}s/s"
         self._progress.update(self._task, completed=step, **fields)
 
     def _print_line(self, now: float) -> None:
         elapsed = now - self._t0
         done = self._step - self.start
         rate = self._rate if self._rate is not None else (done / elapsed if elapsed > 0 else None)
-        parts = [f"step {self._step}/{self.total} ({100 * self._step / max(self.total, 1):.0f}%)"]
+        parts = [f"{self.unit} {self._step}/{self.total} ({100 * self._step / max(self.total, 1):.0f}%)"]
         if rate:
-            parts.append(f"{rate:.2f} steps/s")
+            parts.append(f"{rate:.2f} {self.unit}s/s")
         parts.append(f"elapsed {format_duration(elapsed)}")
         if rate and self._step < self.total:
             parts.append(f"eta {format_duration((self.total - self._step) / rate)}")

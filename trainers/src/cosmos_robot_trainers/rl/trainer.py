@@ -275,7 +275,10 @@ def _train(run: _Run, stop: int, result: RLResult, log: Callable[[str], None]) -
     """The loop up to iteration ``stop``: the iteration's phases, the ratio gate, [eval], log, [checkpoint]."""
     config, tcfg = run.config, run.config.train
     it = run.start
-    with TrainProgress(tcfg.iterations, run.start, config.name, enabled=tcfg.progress) as bar:
+    progress = TrainProgress(  # off a terminal the iteration lines below are the progress
+        tcfg.iterations, run.start, config.name, enabled=tcfg.progress, unit="iteration", plain_lines=False
+    )
+    with progress as bar:
         while it < stop:
             metrics = _iteration(run, it)
             it += 1

@@ -138,6 +138,8 @@ def run_sft(
     data, record, data_wall_s = _load_data(config, adapter, log)
     run = _setup(config, adapter, data, ckpt_path, log)
     steps = config.train.steps
+    if run.start == 0 and config.eval.initial:
+        _evaluate(run)  # step 0: the starting policy, the learning curve's first point
     try:
         stopped_by_clock = _train(run, min(steps, stop_at_step) if stop_at_step is not None else steps, log)
     finally:
@@ -301,7 +303,7 @@ def _checkpoint(run: _Run) -> None:
 
 
 def _evaluate(run: _Run) -> None:
-    """Phase eval (every ``eval.every`` steps): the servable policy on the eval suite."""
+    """Phase eval (``eval.initial`` at step 0, every ``eval.every`` steps): the servable policy on the eval suite."""
     step = run.step
     results = evaluate_policy(run.servable(), run.config.eval, run.out / "eval" / f"step_{step:06d}", f"sft:step{step}")
     run.logger.log(step, {"eval_success": results["totals"]["success_rate"]})
