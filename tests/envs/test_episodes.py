@@ -109,16 +109,37 @@ def test_replans_every_r_steps_and_aligned_starts_batch_every_live_env(align: bo
     assert len(hooks.decisions) == len([e for e in hooks.events if e[0] == "decide"])
 
 
+class ClosedLoop(Recorder):
+    """Actions from the observation and the chunk index (a replan at another step would show), final states kept."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.final_state: dict[int, np.ndarray] = {}
+
+    def decide(self, episodes: Sequence[LiveEpisode[EpisodeSpec]], obs: Any) -> np.ndarray:
+        super().decide(episodes, obs)
+        rows = np.stack([obs["state"][ep.row][:7] for ep in episodes])
+        phase = np.array([0.3 * (ep.decisions % 3) for ep in episodes])[:, None]
+        return np.repeat(np.clip(-0.5 * rows + phase, -1, 1)[:, None], self.chunk_size, axis=1).astype(np.float32)
+
+    def stepped(self, ep: LiveEpisode[EpisodeSpec], step: Step) -> None:
+        self.final_state[ep.position] = np.array(step.obs["state"])
+
+
 def test_aligned_and_staggered_runs_give_the_same_episodes() -> None:
     """An episode replans every R steps from its own reset, so alignment cannot change what it does."""
-    results = []
+    results, finals = [], []
     for align in (True, False):
+        hooks = ClosedLoop()
         with make_vector_env(FaultyTabletop, 2, "sync") as venv:
             scheduler = EpisodeScheduler[EpisodeSpec](venv, replan_steps=4, align_starts=align)
-            done = scheduler.run(_specs([0, 0, 0, 0]), Recorder())
-        results.append(sorted((o.position, o.steps, o.episode_return, o.success) for o in done))
+            done = scheduler.run(_specs([0, 0, 3, 0]), hooks)
+        results.append(sorted((o.position, o.steps, o.episode_return, o.success, o.decisions) for o in done))
+        finals.append(hooks.final_state)
     assert results[0] == results[1]
-    assert all(steps == MAX_STEPS for _, steps, _, _ in results[0])  # the env's own time limit
+    for position in finals[0]:
+        np.testing.assert_array_equal(finals[0][position], finals[1][position])
+    assert len({tuple(np.round(s, 6)) for s in finals[0].values()}) == 4  # the actions did depend on the episode
 
 
 def test_hooks_are_called_in_order() -> None:
