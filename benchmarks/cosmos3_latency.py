@@ -18,7 +18,6 @@ Both run the same transformer, VAE and scheduler on the same image, prompt and s
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
 import torch
+from timing import write_report
 
 
 def timed(fn, iters: int, device: str) -> tuple[dict[str, float], object]:
@@ -127,11 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     stock_ms = rows["stock"]["p50_ms"]
     report["speedup_vs_stock"] = {k: round(stock_ms / v["p50_ms"], 2) for k, v in rows.items() if k != "stock"}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return write_report(report, args.out)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -26,7 +26,6 @@ action head, 4 flow steps, chunk 40) and loaded the way ``serve --ckpt`` loads t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -40,7 +39,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import measure, server_latency
+from timing import measure, server_latency, write_report
 
 
 def _obs(seed: int, size: int = 224) -> dict[str, Any]:
@@ -168,11 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "bf16_rows_compiled": args.compile,
         "latency": rows,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return write_report(report, args.out)
 
 
 if __name__ == "__main__":

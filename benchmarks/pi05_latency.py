@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 import parity_pi05 as parity
 import torch
-from timing import measure, server_latency
+from timing import measure, server_latency, write_report
 
 from cosmos_robot.policies.pi05.modeling import GemmaSpec, Pi05Architecture, Pi05Model, VisionSpec
 from cosmos_robot.policies.pi05.policy import Pi05Policy
@@ -66,11 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     for b in args.batches:
         run_batch(b, args, ref, cfg, native, eager, graphed, results)
     report["results"] = results
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return write_report(report, args.out)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

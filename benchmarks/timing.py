@@ -11,12 +11,23 @@ whatever arrives together. Returns p50/p99 of the per-request round trip in mill
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+
+def write_report(report: dict[str, Any], out: Path | None) -> int:
+    """Print the benchmark's JSON report and write it to ``out`` when given; the exit code (0)."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out:
+        out.write_text(text)
+    return 0
 
 
 def _sync(device: str) -> None:
