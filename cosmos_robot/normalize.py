@@ -31,34 +31,38 @@ class FeatureStats:
     q99: np.ndarray | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def _bounds(self, mode: NormMode) -> tuple[np.ndarray, np.ndarray]:
+    def _origin_and_scale(self, mode: NormMode) -> tuple[np.ndarray, np.ndarray]:
+        """``(mean, std)`` for ``mean_std``, ``(low bound, span)`` for the bounded modes.
+
+        A (near) zero std or span is replaced by 1 or 2, so that dimension passes through unscaled.
+        """
+        if mode == "mean_std":
+            return self.mean, np.where(self.std < _EPS, 1.0, self.std)
         if mode == "quantile":
             if self.q01 is None or self.q99 is None:
                 raise ValueError("quantile normalisation needs q01/q99 in the stats")
-            return self.q01, self.q99
-        return self.min, self.max
+            lo, hi = self.q01, self.q99
+        else:
+            lo, hi = self.min, self.max
+        return lo, np.where(hi - lo < _EPS, 2.0, hi - lo)
 
     def normalize(self, x: np.ndarray, mode: NormMode) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)
         if mode == "identity":
             return x
+        origin, scale = self._origin_and_scale(mode)
         if mode == "mean_std":
-            std = np.where(self.std < _EPS, 1.0, self.std)
-            return ((x - self.mean) / std).astype(np.float32)
-        lo, hi = self._bounds(mode)
-        span = np.where(hi - lo < _EPS, 2.0, hi - lo)
-        return (2.0 * (x - lo) / span - 1.0).astype(np.float32)
+            return ((x - origin) / scale).astype(np.float32)
+        return (2.0 * (x - origin) / scale - 1.0).astype(np.float32)
 
     def unnormalize(self, y: np.ndarray, mode: NormMode) -> np.ndarray:
         y = np.asarray(y, dtype=np.float32)
         if mode == "identity":
             return y
+        origin, scale = self._origin_and_scale(mode)
         if mode == "mean_std":
-            std = np.where(self.std < _EPS, 1.0, self.std)
-            return (y * std + self.mean).astype(np.float32)
-        lo, hi = self._bounds(mode)
-        span = np.where(hi - lo < _EPS, 2.0, hi - lo)
-        return ((y + 1.0) * 0.5 * span + lo).astype(np.float32)
+            return (y * scale + origin).astype(np.float32)
+        return ((y + 1.0) * 0.5 * scale + origin).astype(np.float32)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k).tolist() for k in ("mean", "std", "min", "max")}

@@ -41,10 +41,10 @@ from cosmos_robot.data.schema import (
     camera_key,
     demo_features,
 )
+from cosmos_robot_envs.eval.config import check_rollout_fields
 
 __all__ = ["RecordCallbacks", "RecordConfig", "load_sidecar", "prepare_out_dir", "record_demonstrations"]
 
-VECTOR_MODES = ("sync", "async")
 SEED_RULE = "first 4 bytes (big-endian) of sha256(f'demo/{seed}/{task}/{index}'), masked to 31 bits"
 
 
@@ -67,18 +67,9 @@ class RecordConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(self.tasks))
-        for name in ("episodes_per_task", "num_envs", "image_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+        check_rollout_fields(self, ("episodes_per_task", "num_envs", "image_size"))
         if self.image_writer_threads < 0:
             raise ValueError(f"image_writer_threads: expected >= 0, got {self.image_writer_threads}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps: expected >= 1 or None, got {self.max_steps}")
-        if self.vector_mode not in VECTOR_MODES:
-            raise ValueError(f"vector_mode: expected one of {VECTOR_MODES}, got {self.vector_mode!r}")
-        if len(set(self.tasks)) != len(self.tasks):
-            raise ValueError(f"tasks: duplicate task names in {list(self.tasks)}")
         if "/" not in self.repo_id:
             raise ValueError(f"repo_id: expected 'owner/name' (LeRobot's form), got {self.repo_id!r}")
 

@@ -5,18 +5,23 @@
 - ``value_head``: the critic on pooled observation features, built the same way every time (a
   fixed seed, the last layer zero so the first values are 0), so runs are reproducible;
 - ``openpi_flow_time``: openpi's training distribution of flow times, Beta(1.5, 1) scaled to
-  [0.001, 1], drawn by inverse CDF from a given generator (NFT / DPO / SFT noise levels).
+  [0.001, 1], drawn by inverse CDF from a given generator (NFT / DPO / SFT noise levels);
+- ``masked_mean``: the critic's pooling of a token sequence over its valid tokens;
+- ``VLARLModel``: the ``RLModel`` methods those families answer alike (openpi's flow times, and a
+  Flow-Noise request refused: none of them has a learned noise head).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import nn
 
-__all__ = ["FlowSpec", "openpi_flow_time", "value_head"]
+from cosmos_robot.policies.interfaces import RLModel
+
+__all__ = ["FlowSpec", "VLARLModel", "masked_mean", "openpi_flow_time", "value_head"]
 
 
 class FlowSpec(BaseModel):
@@ -44,3 +49,21 @@ def openpi_flow_time(n: int, generator: torch.Generator | None = None, device: A
     gen_device = generator.device if generator is not None else device
     u = torch.rand((n,), generator=generator, device=gen_device).to(device)
     return u.pow(1.0 / 1.5) * 0.999 + 0.001
+
+
+def masked_mean(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(B, L, W)`` features averaged over the positions ``mask`` ``(B, L)`` keeps (a row keeping none: 0)."""
+    m = mask.to(features.dtype)[..., None]
+    return (features * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+class VLARLModel(RLModel):
+    """A VLA family's ``RLModel``: openpi's flow-time draw, and no learned noise head (Flow-Noise refused)."""
+
+    family: ClassVar[str]  # named in errors
+
+    def noise_std(self, features: Any) -> torch.Tensor:
+        raise ValueError(f"{self.family} has no learned noise head: use rollout.sample_mode = 'flow_sde' (or 'ode')")
+
+    def sample_time(self, n: int, generator: torch.Generator | None = None, device: Any = None) -> torch.Tensor:
+        return openpi_flow_time(n, generator, device)

@@ -22,13 +22,24 @@ runner = CliRunner()
 CLI = [sys.executable, "-m", "cosmos_robot.cli"]
 
 
-@pytest.mark.parametrize("command", [[], ["serve"], ["probe"], ["eval"], ["version"]])
-def test_every_command_has_help_with_an_example(command: list[str]) -> None:
-    result = runner.invoke(app, [*command, "--help"])
+# what each command's help shows besides its usage and an example
+HELP_SHOWS: dict[str, tuple[str, ...]] = {
+    "serve": (),
+    "probe": (),
+    "eval": ("--policy", "--episodes-per-task", "--num-envs", "--replan-steps", "--overwrite"),
+    "train": ("--set", "--resume", "--no-resume", "--overwrite", "sft_flow_tabletop"),
+    "record": ("--out", "--episodes-per-task", "--num-envs", "--only-success", "--overwrite", "--videos"),
+    "version": (),
+}
+
+
+@pytest.mark.parametrize("command", ["", *HELP_SHOWS])
+def test_every_command_has_help_with_an_example(command: str) -> None:
+    result = runner.invoke(app, [*command.split(), "--help"])
     assert result.exit_code == 0, result.output
     assert "Usage" in result.output
-    if command:
-        assert "Example" in result.output
+    for text in ("Example", *HELP_SHOWS[command]) if command else ():
+        assert text in result.output, text
 
 
 def test_parse_policy_args() -> None:

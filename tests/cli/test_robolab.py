@@ -30,13 +30,20 @@ from tests.helpers import openpi_python
 
 DOUBLE = Path(__file__).with_name("robolab_double.py")
 FAST_COSMOS3 = {"resolution_tier": 256, "num_steps": 1, "guidance": 1.0}  # sampling settings; layout unchanged
+DROID_PROPRIO = {  # what both RoboLab clients send besides their camera images
+    "observation/joint_position": {"shape": [7], "dtype": "float32"},
+    "observation/gripper_position": {"shape": [1], "dtype": "float32"},
+    "prompt": "str",
+}
 
 
-def run_double(port: int, *args: str) -> dict[str, Any]:
-    out = subprocess.run([str(openpi_python()), str(DOUBLE), str(port), *args], capture_output=True, text=True,
-                         timeout=120, check=False)  # fmt: skip
+def run_double(server: PolicyServer, *args: str) -> tuple[dict[str, Any], int]:
+    """The double's JSON summary against ``server``, and how many requests the server answered meanwhile."""
+    before = request_count(server)
+    out = subprocess.run([str(openpi_python()), str(DOUBLE), str(server.ports["ws"]), *args], capture_output=True,
+                         text=True, timeout=120, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1]), request_count(server) - before
 
 
 def request_count(server: PolicyServer) -> int:
@@ -94,15 +101,9 @@ def recording(policy: Any) -> Iterator[Recorder]:
 def test_robolab_cosmos3_client_unchanged_real_model(cosmos3: tuple[Any, PolicyServer]) -> None:
     """RoboLab's Cosmos3Client: 540x640 canvas in, ``action`` (32, 8) out, 3 steps executed from one chunk."""
     _, server = cosmos3
-    before = request_count(server)
-    got = run_double(server.ports["ws"], "cosmos3", "--num-envs", "1", "--steps", "3")
-    assert got["request"] == {
-        "observation/image": {"shape": [540, 640, 3], "dtype": "uint8"},
-        "observation/joint_position": {"shape": [7], "dtype": "float32"},
-        "observation/gripper_position": {"shape": [1], "dtype": "float32"},
-        "prompt": "str",
-    }
-    assert got["requests"] == 1 and request_count(server) - before == 1
+    got, answered = run_double(server, "cosmos3", "--num-envs", "1", "--steps", "3")
+    assert got["request"] == {"observation/image": {"shape": [540, 640, 3], "dtype": "uint8"}, **DROID_PROPRIO}
+    assert got["requests"] == 1 and answered == 1
     assert "action" in got["reply_keys"] and "actions" in got["reply_keys"]
     assert got["chunk"] == {"shape": [32, 8], "dtype": "float32"} and got["finite"]
     executed, chunk = np.asarray(got["executed"]), np.asarray(got["first_chunk"])
@@ -119,7 +120,7 @@ def test_cosmos3_gripper_convention_at_the_boundary(cosmos3: tuple[Any, PolicySe
     """g (0 open .. 1 closed) in; the model sees 1 - g in its state row; the reply's last column is g again."""
     policy, server = cosmos3
     with recording(policy) as rec:
-        got = run_double(server.ports["ws"], "cosmos3", "--num-envs", "2", "--steps", "1")
+        got, _ = run_double(server, "cosmos3", "--num-envs", "2", "--steps", "1")
     sent = np.asarray(got["first_chunk"])  # the recorder echoes the state row, so the reply reveals the mapping
     assert [c["image"] for c in rec.calls] == [(540, 640, 3)] * 2
     state = rec.calls[0]["state"]
@@ -157,18 +158,15 @@ def test_scalar_and_vector_gripper_both_accepted(
 def test_robolab_pi05_client_unchanged(pi05: tuple[Any, PolicyServer]) -> None:
     """RoboLab's Pi0DroidJointposClient (pi05): 224x224 views + joints + gripper in, ``actions`` (15, 8) out."""
     _, server = pi05
-    before = request_count(server)
-    got = run_double(server.ports["ws"], "pi05", "--num-envs", "2", "--steps", "16")
+    got, answered = run_double(server, "pi05", "--num-envs", "2", "--steps", "16")
     assert got["request"] == {
         "observation/exterior_image_1_left": {"shape": [224, 224, 3], "dtype": "uint8"},
         "observation/wrist_image_left": {"shape": [224, 224, 3], "dtype": "uint8"},
-        "observation/joint_position": {"shape": [7], "dtype": "float32"},
-        "observation/gripper_position": {"shape": [1], "dtype": "float32"},
-        "prompt": "str",
+        **DROID_PROPRIO,
     }
     assert got["chunk"] == {"shape": [15, 8], "dtype": "float32"} and got["finite"]
     # RoboLab's serial loop: 2 envs x 2 replans (steps 0 and 15) = 4 requests
-    assert got["requests"] == 4 and request_count(server) - before == 4
+    assert got["requests"] == 4 and answered == 4
     meta = got["metadata"]
     assert meta["action_horizon"] == 15 and meta["action_dim"] == 8
     assert meta["state_from"] == {"observation.state": ["observation/joint_position", "observation/gripper_position"]}
@@ -190,7 +188,7 @@ def test_bad_robolab_requests_name_the_key(
     """A misconfigured client gets an error naming the key (openpi's client raises it), before any model work."""
     policy, server = cosmos3
     with recording(policy) as rec:
-        got = run_double(server.ports["ws"], "probe", *edit)
+        got, _ = run_double(server, "probe", *edit)
     assert names in got.get("error", ""), got
     assert rec.calls == []
 

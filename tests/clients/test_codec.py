@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from cosmos_robot_client.codec import CodecError, Packer, packb, unpackb
-from tests.helpers import openpi_python, run_python
+from tests.clients.codec_sample import sample_obs
+from tests.helpers import REPO, openpi_python, run_python
 
 ARRAYS = {
     "u8_image": np.arange(2 * 3 * 3, dtype=np.uint8).reshape(2, 3, 3),
@@ -173,18 +174,12 @@ def test_unencodable_python_objects_are_named() -> None:
         Packer().pack(2**70)
 
 
+# run from the repository root, so that ``tests`` is importable there too
 OPENPI_PACK = """
-import sys, numpy as np
+import sys
 from openpi_client import msgpack_numpy
-obs = {
-    "observation/image": np.arange(224 * 224 * 3, dtype=np.uint32).astype(np.uint8).reshape(224, 224, 3),
-    "observation/state": np.arange(8, dtype=np.float64),
-    "prompt": "pick",
-    "flag": np.True_,
-    "scalar": np.float32(0.5),
-    "be": np.arange(3, dtype=">i2"),
-}
-sys.stdout.buffer.write(msgpack_numpy.packb(obs))
+from tests.clients.codec_sample import sample_obs
+sys.stdout.buffer.write(msgpack_numpy.packb(sample_obs()))
 """
 
 
@@ -192,15 +187,8 @@ def test_bytes_identical_to_real_openpi_client_and_decodable_by_it() -> None:
     import subprocess
 
     py = openpi_python()
-    theirs = subprocess.run([str(py), "-c", OPENPI_PACK], capture_output=True, timeout=60, check=True).stdout
-    obs = {
-        "observation/image": np.arange(224 * 224 * 3, dtype=np.uint32).astype(np.uint8).reshape(224, 224, 3),
-        "observation/state": np.arange(8, dtype=np.float64),
-        "prompt": "pick",
-        "flag": np.True_,
-        "scalar": np.float32(0.5),
-        "be": np.arange(3, dtype=">i2"),
-    }
+    theirs = subprocess.run([str(py), "-c", OPENPI_PACK], capture_output=True, timeout=60, check=True, cwd=REPO).stdout
+    obs = sample_obs()
     assert packb(obs) == theirs
     decoded = unpackb(theirs)
     np.testing.assert_array_equal(decoded["observation/image"], obs["observation/image"])

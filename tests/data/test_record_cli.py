@@ -1,5 +1,5 @@
-"""``cosmos-robot record``: help with an example, a tiny in-process run, clear exits for a taken folder or an
-unknown task, and (slow) the real command with async workers and with MP4 videos."""
+"""``cosmos-robot record``: a tiny in-process run, clear exits for a taken folder or an unknown task, and
+(slow) the real command with async workers and with MP4 videos (its help: tests/cli/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,6 @@ from cosmos_robot.data.record import load_sidecar
 
 runner = CliRunner()
 TINY = ["record", "--tasks", "reach", "--episodes-per-task", "2", "--num-envs", "2", "--image-size", "32"]
-
-
-def test_record_help_shows_the_options_and_an_example() -> None:
-    result = runner.invoke(app, ["record", "--help"])
-    assert result.exit_code == 0, result.output
-    for text in ("Example", "--out", "--episodes-per-task", "--num-envs", "--only-success", "--overwrite", "--videos"):
-        assert text in result.output
 
 
 def test_tiny_record_run_then_refuse_then_overwrite(tmp_path: Path) -> None:

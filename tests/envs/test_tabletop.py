@@ -5,7 +5,6 @@ Real MuJoCo simulation and real (software EGL) rendering throughout; small image
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import warnings
 
@@ -27,6 +26,7 @@ from cosmos_robot_envs.tabletop import (
     resolve_tasks,
     task_from_prompt,
 )
+from tests.helpers import run_python
 
 ENV_IDS = [spec.env_id for spec in TASKS.values()] + [MULTITASK_ENV_ID]
 TABLE_RGB = np.array([175, 173, 166])  # the lit table colour in the agent view
@@ -252,7 +252,7 @@ def test_a_closed_env_leaves_no_egl_noise_at_interpreter_exit() -> None:
         "env.reset(seed=0); env.step(env.action_space.sample()); env.render(); env.close()\n"
         "print('ok')\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    res = run_python(sys.executable, code)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
     assert "Exception ignored" not in res.stderr and "EGL" not in res.stderr, res.stderr
 

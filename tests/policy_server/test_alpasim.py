@@ -9,7 +9,6 @@ field its message names, and that the committed generated modules match our .pro
 from __future__ import annotations
 
 import io
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from cosmos_robot_server.alpasim import AlpasimDriverConfig, PlanError, plan_to_
 from cosmos_robot_server.alpasim.geometry import quat_to_yaw, sample_history, yaw_to_quat
 from cosmos_robot_server.alpasim.launcher import StraightPolicy, build_parser, config_from_args
 from cosmos_robot_server.alpasim.session import CameraInfo, DriverError, decode_image
+from tests.helpers import run_python
 
 REPO = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO / "policy_server" / "src" / "cosmos_robot_server" / "alpasim" / "proto"
@@ -165,7 +165,7 @@ def test_package_imports_without_grpc() -> None:
         "a.AlpasimDriverConfig()\n"
         "try:\n    a.serve_alpasim\nexcept ImportError as e:\n    print(e)\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    res = run_python(sys.executable, code)
     assert res.returncode == 0, res.stderr
     assert 'pip install "cosmos-robot-server[alpasim]"' in res.stdout
 

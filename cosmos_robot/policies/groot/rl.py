@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from cosmos_robot.policies.groot.fast import dit_velocity
 from cosmos_robot.policies.groot.policy import Gr00tPolicy
 from cosmos_robot.policies.interfaces import ModelInputs, RLAdapter, RLModel
-from cosmos_robot.policies.rl_heads import FlowSpec, openpi_flow_time, value_head
+from cosmos_robot.policies.rl_heads import FlowSpec, VLARLModel, masked_mean, value_head
 from cosmos_robot_client.base_policy import BatchPolicy
 
 __all__ = ["Gr00tContext", "Gr00tRLAdapter", "Gr00tRLModel"]
@@ -55,8 +55,10 @@ class Gr00tContext:
         raise ValueError("GR00T has no learned noise head: Flow-Noise is not available (use flow_sde)")
 
 
-class Gr00tRLModel(RLModel):
+class Gr00tRLModel(VLARLModel):
     """LeRobot's ``GR00TN17`` plus a value head, behind the flow samplers' interface."""
+
+    family = "GR00T"
 
     def __init__(
         self,
@@ -135,22 +137,15 @@ class Gr00tRLModel(RLModel):
         tt = t if isinstance(t, Tensor) else torch.full((x_t.shape[0],), float(t), device=x_t.device)
         return self.expert(x_t, tt, context)[0]
 
-    def noise_std(self, features: Any) -> Tensor:
-        raise ValueError("GR00T has no learned noise head: use rollout.sample_mode = 'flow_sde' (or 'ode')")
-
     def value(self, context: Gr00tContext, detach: bool = False) -> Tensor:
         feats = context.backbone_output.backbone_features
         mask = context.backbone_output.backbone_attention_mask
         if mask is None:
             mask = torch.ones(feats.shape[:2], device=feats.device)
-        m = mask.to(feats.dtype)[..., None]
-        pooled = (feats * m).sum(1) / m.sum(1).clamp_min(1.0)
+        pooled = masked_mean(feats, mask)
         if detach:
             pooled = pooled.detach()
         return self.value_head(pooled.float()).squeeze(-1)
-
-    def sample_time(self, n: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
-        return openpi_flow_time(n, generator, device)
 
 
 class Gr00tRLAdapter(RLAdapter):

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from cosmos_robot.policies.interfaces import ModelInputs, RLAdapter, RLModel
 from cosmos_robot.policies.pi05.modeling import Pi05Model, PrefixCache
 from cosmos_robot.policies.pi05.policy import Pi05Policy
-from cosmos_robot.policies.rl_heads import FlowSpec, openpi_flow_time, value_head
+from cosmos_robot.policies.rl_heads import FlowSpec, VLARLModel, masked_mean, value_head
 from cosmos_robot_client.base_policy import BatchPolicy
 
 __all__ = ["Pi05Context", "Pi05RLAdapter", "Pi05RLModel"]
@@ -57,8 +57,10 @@ class Pi05Context:
         return Pi05Context(self.cache.expand(repeats))
 
 
-class Pi05RLModel(RLModel):
+class Pi05RLModel(VLARLModel):
     """A ``Pi05Model`` plus a value head, behind the flow samplers' interface (see the module doc)."""
+
+    family = "pi05"
 
     def __init__(
         self,
@@ -113,19 +115,11 @@ class Pi05RLModel(RLModel):
         tt = t if isinstance(t, Tensor) else torch.full((x_t.shape[0],), float(t), device=x_t.device)
         return self.pi05.velocity(context.cache, x_t, tt.float()).float()
 
-    def noise_std(self, features: Any) -> Tensor:
-        raise ValueError("pi05 has no learned noise head: use rollout.sample_mode = 'flow_sde' (or 'ode')")
-
     def value(self, context: Pi05Context, detach: bool = False) -> Tensor:
-        cache = context.cache
-        mask = cache.pad_mask[..., None].to(cache.hidden.dtype)
-        pooled = (cache.hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+        pooled = masked_mean(context.cache.hidden, context.cache.pad_mask)
         if detach:
             pooled = pooled.detach()
         return self.value_head(pooled.to(self.pi05.action_in_proj.weight.dtype)).squeeze(-1).float()
-
-    def sample_time(self, n: int, generator: torch.Generator | None = None, device: Any = None) -> Tensor:
-        return openpi_flow_time(n, generator, device)
 
 
 class Pi05RLAdapter(RLAdapter):

@@ -33,6 +33,7 @@ __all__ = [
     "PolicyFolderExporter",
     "choose_target",
     "export_checkpoint",
+    "export_info",
     "match_tensors",
     "staged_export",
 ]
@@ -83,6 +84,14 @@ def check_target(exporter: Exporter, target: str) -> None:
     """``target`` is one the exporter writes; else an ``ExportError`` listing them."""
     if target not in exporter.targets:
         raise ExportError(f"the {exporter.name} exporter writes {exporter.targets}, not {target!r}")
+
+
+def export_info(exporter: Exporter, target: str, source: Path, run: Any | None) -> dict[str, Any]:
+    """What the manifest records of an export: family, target, source, and a run's trainer, step and checkpoint."""
+    info: dict[str, Any] = {"family": exporter.name, "target": target, "source": str(source)}
+    if run is not None:
+        info.update({"trainer": run.trainer, "step": run.step, "checkpoint": str(run.checkpoint)})
+    return info
 
 
 def choose_target(exporter: Exporter, target: str | None) -> str:
@@ -295,14 +304,13 @@ class PolicyFolderExporter(abc.ABC):
         source, out = Path(source), Path(out)
         run = resolve_run(source)
         dropped: list[str] = []
-        info: dict[str, Any] = {"family": self.name, "target": target, "source": str(source)}
+        info = export_info(self, target, source, run)
         if run is None:
             if base is not None:
                 raise ExportError(f"{source} is a policy folder: a {self.name} export of it takes no --base")
             policy, notes = self.from_folder(source)
         else:
             policy, dropped, notes = self.policy_from_run(run, base)
-            info.update({"trainer": run.trainer, "step": run.step, "checkpoint": str(run.checkpoint)})
         info["dropped"] = dropped
         with staged_export(out, overwrite, info, protect=(source, base)) as tmp:
             policy.save_pretrained(tmp)

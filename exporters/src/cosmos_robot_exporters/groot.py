@@ -41,6 +41,7 @@ from cosmos_robot_exporters.base import (
     ExportError,
     ExportResult,
     check_target,
+    export_info,
     staged_export,
     written_files,
 )
@@ -65,13 +66,12 @@ class Gr00tExporter:
         source, out = Path(source), Path(out)
         run = resolve_run(source)
         notes: list[str] = []
-        info: dict[str, Any] = {"family": self.name, "target": target, "source": str(source)}
+        info = export_info(self, target, source, run)
         if run is not None:
             if not run.is_rl:
                 raise ExportError(f"{run.run_dir}: groot exports take RL runs (GR00T has no SFT trainer here)")
             weights, notes = load_trained_weights(run, use_ema=False)
             policy_folder = run.init
-            info.update({"trainer": run.trainer, "step": run.step, "checkpoint": str(run.checkpoint)})
         else:
             _check_lerobot(source, "the source")
             weights = _load(source / WEIGHTS)

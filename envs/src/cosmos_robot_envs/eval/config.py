@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -22,7 +23,9 @@ __all__ = [
     "RUNTIME_FIELDS",
     "EpisodeSpec",
     "EvalConfig",
+    "VECTOR_MODES",
     "build_schedule",
+    "check_rollout_fields",
     "config_mismatch",
     "episode_seed",
 ]
@@ -59,19 +62,9 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(self.tasks))
-        positive = ("episodes_per_task", "num_envs", "replan_steps", "image_size")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"EvalConfig.{name}: expected an int >= 1, got {value!r}")
+        check_rollout_fields(self, ("episodes_per_task", "num_envs", "replan_steps", "image_size"), "EvalConfig.")
         if self.video_episodes < 0:
             raise ValueError(f"EvalConfig.video_episodes: expected >= 0, got {self.video_episodes}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"EvalConfig.max_steps: expected >= 1 or None, got {self.max_steps}")
-        if self.vector_mode not in VECTOR_MODES:
-            raise ValueError(f"EvalConfig.vector_mode: expected one of {VECTOR_MODES}, got {self.vector_mode!r}")
-        if len(set(self.tasks)) != len(self.tasks):
-            raise ValueError(f"EvalConfig.tasks: duplicate task names in {list(self.tasks)}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -85,6 +78,24 @@ class EvalConfig:
         if unknown:
             raise ValueError(f"saved eval config has unknown field(s) {unknown}")
         return cls(**{**data, "tasks": tuple(data.get("tasks", ()))})
+
+
+def check_rollout_fields(config: Any, positive: Iterable[str], prefix: str = "") -> None:
+    """The checks every config of a suite rolled out on lockstep envs makes (this one, ``RecordConfig``).
+
+    The fields named in ``positive`` must be ints >= 1, ``max_steps`` >= 1 or None, ``vector_mode`` one
+    of ``VECTOR_MODES`` and ``tasks`` free of repeats. Each error names its field after ``prefix``.
+    """
+    for name in positive:
+        value = getattr(config, name)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{prefix}{name}: expected an int >= 1, got {value!r}")
+    if config.max_steps is not None and config.max_steps < 1:
+        raise ValueError(f"{prefix}max_steps: expected >= 1 or None, got {config.max_steps}")
+    if config.vector_mode not in VECTOR_MODES:
+        raise ValueError(f"{prefix}vector_mode: expected one of {VECTOR_MODES}, got {config.vector_mode!r}")
+    if len(set(config.tasks)) != len(config.tasks):
+        raise ValueError(f"{prefix}tasks: duplicate task names in {list(config.tasks)}")
 
 
 def config_mismatch(saved: dict[str, Any], current: EvalConfig) -> list[str]:

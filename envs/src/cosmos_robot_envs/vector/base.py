@@ -21,10 +21,10 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import batch_space
 
-from cosmos_robot_envs.vector.runner import ENV_ERROR, EnvReply, Failure, Outcome
+from cosmos_robot_envs.vector.runner import ENV_ERROR, EnvFn, EnvReply, Failure, Outcome
 from cosmos_robot_envs.vector.spaces import ActionLayout, ObsLayout
 
-__all__ = ["BatchObs", "BatchedEnv", "ResetCmd", "StepCmd"]
+__all__ = ["BatchObs", "BatchedEnv", "ResetCmd", "StepCmd", "env_fn_list"]
 
 BatchObs = Any  # dict[str, np.ndarray | list[str]] for Dict spaces, else np.ndarray (or list[str] for Text)
 Seeds = int | Sequence[int | None] | None
@@ -68,6 +68,11 @@ class BatchedEnv(ABC):
         self.action_layout = ActionLayout.from_space(action_space)
         self.step_timeout = step_timeout
         self.reset_timeout = reset_timeout
+        # the (num_envs, ...) array per observation key that replies are written into: in-process
+        # buffers, unless a backend puts views of shared memory in their place
+        self._arrays: dict[str, np.ndarray] = {
+            k: np.zeros((num_envs, *f.shape), dtype=f.dtype) for k, f in self.obs_layout.arrays.items()
+        }
         self._blocked: list[str | None] = ["it was never reset"] * num_envs
         self._texts: dict[str, list[str]] = {k: [""] * num_envs for k in self.obs_layout.texts}
         self._last_obs: BatchObs | None = None
@@ -77,10 +82,6 @@ class BatchedEnv(ABC):
     @abstractmethod
     def _run(self, commands: dict[int, Command], timeout: float | None) -> dict[int, Outcome]:
         """Run each command on its env concurrently; a failed worker must already be replaced."""
-
-    @abstractmethod
-    def _obs_arrays(self) -> dict[str, np.ndarray]:
-        """The (num_envs, ...) array per observation key that replies are written into."""
 
     @abstractmethod
     def _close(self) -> None: ...
@@ -208,7 +209,7 @@ class BatchedEnv(ABC):
         )
 
     def _write_row(self, i: int, reply: EnvReply) -> None:
-        arrays = self._obs_arrays()
+        arrays = self._arrays
         for key, value in reply.arrays.items():
             np.copyto(arrays[key][i], value, casting="same_kind")
         for key, text in reply.texts.items():
@@ -216,7 +217,7 @@ class BatchedEnv(ABC):
 
     def _restore_row(self, i: int) -> None:
         """A failed env keeps its previous observation (zeros / "" if it never had one)."""
-        arrays = self._obs_arrays()
+        arrays = self._arrays
         last = self._last_obs
         for key, arr in arrays.items():
             arr[i] = 0 if last is None else (last[key] if self.obs_layout.is_dict else last)[i]
@@ -225,7 +226,7 @@ class BatchedEnv(ABC):
 
     def _publish(self) -> BatchObs:
         """Copy the batch out of the (possibly shared) buffers so the next step cannot change it."""
-        arrays = self._obs_arrays()
+        arrays = self._arrays
         if not self.obs_layout.is_dict:
             obs: BatchObs = arrays[""].copy() if arrays else list(self._texts[""])
         else:
@@ -234,6 +235,13 @@ class BatchedEnv(ABC):
                 obs[key] = arrays[key].copy() if key in arrays else list(self._texts[key])
         self._last_obs = obs
         return obs
+
+
+def env_fn_list(env_fns: Sequence[EnvFn]) -> list[EnvFn]:
+    """A backend's env factories as a list; none at all is refused."""
+    if not env_fns:
+        raise ValueError("env_fns is empty; pass at least one env factory")
+    return list(env_fns)
 
 
 def _failure_info(failure: Failure) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd
+from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd, env_fn_list
 from cosmos_robot_envs.vector.runner import (
     ENV_ERROR,
     WORKER_CRASHED,
@@ -89,10 +89,8 @@ class RayBatchedEnv(BatchedEnv):
             import ray
         except ImportError as exc:
             raise ImportError("mode='ray' needs Ray: pip install 'cosmos-robot-envs[ray]'") from exc
-        if not env_fns:
-            raise ValueError("env_fns is empty; pass at least one env factory")
         self._ray = ray
-        self._env_fns = list(env_fns)
+        self._env_fns = env_fn_list(env_fns)
         self._actor_cls: Any = ray.remote(**{"num_cpus": 1, **(actor_options or {})})(EnvActor)
         self._actors: list[Any] = [self._actor_cls.remote(fn, i) for i, fn in enumerate(self._env_fns)]
         try:
@@ -120,16 +118,11 @@ class RayBatchedEnv(BatchedEnv):
         except BaseException:
             self._kill_all()
             raise
-        n = self.num_envs
-        self._arrays = {k: np.zeros((n, *f.shape), dtype=f.dtype) for k, f in self.obs_layout.arrays.items()}
 
     @property
     def actors(self) -> list[Any]:
         """The current actor handles (replaced after a failure)."""
         return list(self._actors)
-
-    def _obs_arrays(self) -> dict[str, np.ndarray]:
-        return self._arrays
 
     def _call(self, payloads: dict[int, bytes], timeout: float | None) -> dict[int, dict[str, Any] | Failure]:
         """Send each payload, await all; messages that are not replies come back as dicts."""

@@ -29,9 +29,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-import numpy as np
-
-from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd
+from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd, env_fn_list
 from cosmos_robot_envs.vector.env_factory import EnvFactory
 from cosmos_robot_envs.vector.external import start_external_worker
 from cosmos_robot_envs.vector.runner import ENV_ERROR, WORKER_CRASHED, WORKER_TIMEOUT, EnvFn, EnvReply, Failure, Outcome
@@ -88,9 +86,7 @@ class AsyncBatchedEnv(BatchedEnv):
         start_method: str | None = None,
         close_grace: float = 5.0,
     ) -> None:
-        if not env_fns:
-            raise ValueError("env_fns is empty; pass at least one env factory")
-        self._env_fns = list(env_fns)
+        self._env_fns = env_fn_list(env_fns)
         self._ctx: Any = mp.get_context(start_method or default_start_method())
         if self._ctx.get_start_method() == "fork":
             raise ValueError("start_method='fork' is refused: EGL/CUDA contexts do not survive fork")
@@ -124,9 +120,6 @@ class AsyncBatchedEnv(BatchedEnv):
     def pids(self) -> list[int | None]:
         """Worker process ids, current as of the latest restart (tests and ops tooling use them)."""
         return [w.pid for w in self._workers]
-
-    def _obs_arrays(self) -> dict[str, np.ndarray]:
-        return self._arrays
 
     # -- worker life cycle -------------------------------------------------------------------------
     def _spawn(self, i: int) -> _Worker:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 
-import numpy as np
-
-from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd
+from cosmos_robot_envs.vector.base import BatchedEnv, Command, ResetCmd, env_fn_list
 from cosmos_robot_envs.vector.runner import ENV_ERROR, EnvFn, EnvRunner, Failure, Outcome, describe_exception
 
 __all__ = ["SyncBatchedEnv"]
@@ -26,9 +24,7 @@ class SyncBatchedEnv(BatchedEnv):
     def __init__(
         self, env_fns: Sequence[EnvFn], *, step_timeout: float | None = None, reset_timeout: float | None = None
     ) -> None:
-        if not env_fns:
-            raise ValueError("env_fns is empty; pass at least one env factory")
-        self._env_fns = list(env_fns)
+        self._env_fns = env_fn_list(env_fns)
         self._runners: list[EnvRunner | None] = []
         try:
             for i, fn in enumerate(self._env_fns):
@@ -50,16 +46,11 @@ class SyncBatchedEnv(BatchedEnv):
         except BaseException:
             self._close()
             raise
-        n = self.num_envs
-        self._arrays = {k: np.zeros((n, *f.shape), dtype=f.dtype) for k, f in self.obs_layout.arrays.items()}
 
     @property
     def envs(self) -> list[EnvRunner | None]:
         """The runners (``runner.env`` is the gymnasium env); None while an env awaits its rebuild."""
         return self._runners
-
-    def _obs_arrays(self) -> dict[str, np.ndarray]:
-        return self._arrays
 
     def _run(self, commands: dict[int, Command], timeout: float | None) -> dict[int, Outcome]:
         outcomes: dict[int, Outcome] = {}

@@ -301,10 +301,7 @@ class AlpasimDriverServicer(egodriver_pb2_grpc.EgodriverServiceServicer):
                 f"dynamic_states: {len(states)} entries for {len(poses)} poses (expected one per pose, or none)",
             )
         stamps = np.array([p.timestamp_us for p in poses], dtype=np.int64)
-        table = np.array(
-            [[*_vec(p.pose.vec), p.pose.quat.w, p.pose.quat.x, p.pose.quat.y, p.pose.quat.z] for p in poses]
-        )
-        _check_finite(table, "trajectory.poses")
+        table = _finite_table([[*_vec(p.pose.vec), *_quat(p.pose.quat)] for p in poses], 7, "trajectory.poses")
         norms = np.linalg.norm(table[:, 3:7], axis=1)
         if (norms < 1e-6).any():
             i = int(np.argmax(norms < 1e-6))
@@ -312,14 +309,12 @@ class AlpasimDriverServicer(egodriver_pb2_grpc.EgodriverServiceServicer):
         table[:, 3:7] /= norms[:, None]
         dynamics: np.ndarray = np.zeros((len(poses), 12))
         if len(states):
-            dynamics = np.array(
-                [
-                    [*_vec(s.linear_velocity), *_vec(s.angular_velocity), *_vec(s.linear_acceleration)]
-                    + [*_vec(s.angular_acceleration)]
-                    for s in states
-                ]
-            )
-            _check_finite(dynamics, "dynamic_states")
+            rows = [
+                [*_vec(s.linear_velocity), *_vec(s.angular_velocity), *_vec(s.linear_acceleration)]
+                + [*_vec(s.angular_acceleration)]
+                for s in states
+            ]
+            dynamics = _finite_table(rows, 12, "dynamic_states")
         with session.lock:
             session.add_poses(stamps, table, dynamics, keep=self.config.max_pose_history)
         return common_pb2.Empty()
@@ -327,8 +322,7 @@ class AlpasimDriverServicer(egodriver_pb2_grpc.EgodriverServiceServicer):
     @_rpc
     def submit_route(self, request: Any, context: Any) -> Any:
         session = self._get(request.session_uuid)
-        points = np.array([_vec(w) for w in request.route.waypoints], dtype=np.float64).reshape(-1, 3)
-        _check_finite(points, "route.waypoints")
+        points = _finite_table([_vec(w) for w in request.route.waypoints], 3, "route.waypoints")
         with session.lock:
             session.route = (int(request.route.timestamp_us), points)
         return common_pb2.Empty()
@@ -336,10 +330,8 @@ class AlpasimDriverServicer(egodriver_pb2_grpc.EgodriverServiceServicer):
     @_rpc
     def submit_recording_ground_truth(self, request: Any, context: Any) -> Any:
         session = self._get(request.session_uuid)
-        poses = request.ground_truth.trajectory.poses
-        rows = [[p.pose.vec.x, p.pose.vec.y, *_quat(p.pose.quat)] for p in poses]
-        table = np.array(rows, dtype=np.float64).reshape(-1, 6)
-        _check_finite(table, "ground_truth.trajectory.poses")
+        rows = [[p.pose.vec.x, p.pose.vec.y, *_quat(p.pose.quat)] for p in request.ground_truth.trajectory.poses]
+        table = _finite_table(rows, 6, "ground_truth.trajectory.poses")
         path = np.column_stack([table[:, :2], quat_to_yaw(table[:, 2:6])])
         with session.lock:
             session.ground_truth = (int(request.ground_truth.timestamp_us), path)
@@ -398,10 +390,13 @@ def _quat(q: Any) -> list[float]:
     return [q.w, q.x, q.y, q.z]
 
 
-def _check_finite(table: np.ndarray, field_name: str) -> None:
+def _finite_table(rows: list[list[float]], width: int, field_name: str) -> np.ndarray:
+    """``rows`` as a float64 ``(N, width)`` table; a NaN or infinity is the client's error, named by row."""
+    table = np.array(rows, dtype=np.float64).reshape(-1, width)
     bad = ~np.isfinite(table)
     if bad.any():
         raise DriverError("INVALID_ARGUMENT", f"{field_name}[{int(np.argwhere(bad)[0][0])}]: non-finite value")
+    return table
 
 
 def _pose_at(timestamp_us: int, xyz: np.ndarray, quat_wxyz: np.ndarray) -> Any:
