@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -32,6 +32,8 @@ from torch import nn
 from cosmos_robot_client.base_policy import BatchPolicy
 
 __all__ = ["FlowSizes", "ModelInputs", "RLAdapter", "RLModel"]
+
+P = TypeVar("P", bound=BatchPolicy)
 
 # what an adapter stores per decision: tensors with first dim = decisions, or lists (prompts)
 ModelInputs = dict[str, torch.Tensor | list[str]]
@@ -115,6 +117,13 @@ class RLAdapter(abc.ABC):
     @abc.abstractmethod
     def load_policy(path: str, device: torch.device | str) -> BatchPolicy:
         """The family's serving policy from its folder, on ``device``, ready to be trained."""
+
+    @staticmethod
+    def expect(policy: BatchPolicy, cls: type[P]) -> P:
+        """``policy`` as the family's serving policy class; a ``TypeError`` naming both otherwise."""
+        if not isinstance(policy, cls):
+            raise TypeError(f"expected a {cls.__name__} to train, got {type(policy).__name__}")
+        return policy
 
     @property
     def device(self) -> torch.device:

@@ -21,7 +21,9 @@ from torch import nn
 
 from cosmos_robot.policies.interfaces import RLModel
 
-__all__ = ["FlowSpec", "VLARLModel", "masked_mean", "openpi_flow_time", "value_head"]
+__all__ = ["VLA_NOISE_LEVEL", "FlowSpec", "VLARLModel", "masked_mean", "openpi_flow_time", "value_head"]
+
+VLA_NOISE_LEVEL = 0.5  # Flow-SDE a of the VLA families when the recipe gives none (RLinf / flow-GRPO default)
 
 
 class FlowSpec(BaseModel):

@@ -29,14 +29,12 @@ class FlowRLAdapter(RLAdapter):
     model: FlowModel
 
     def __init__(self, policy: BatchPolicy, *, noise_level: float | None = None, freeze_vlm: bool = False) -> None:
-        if not isinstance(policy, FlowPolicy):
-            raise TypeError(f"FlowRLAdapter: expected a FlowPolicy, got {type(policy).__name__}")
         if freeze_vlm:
             raise CheckpointError("freeze_vlm applies to VLA checkpoints (pi05, groot); this is a flow checkpoint")
         # the flow model keeps its config's noise level; rollouts read ``rollout.noise_level`` first
-        self.policy = policy
-        self.model = policy.model
-        self.action_dims = policy.config.action_dim
+        self.policy = self.expect(policy, FlowPolicy)
+        self.model = self.policy.model
+        self.action_dims = self.policy.config.action_dim
 
     @staticmethod
     def load_policy(path: str, device: torch.device | str) -> BatchPolicy:

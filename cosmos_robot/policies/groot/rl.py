@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from cosmos_robot.policies.groot.fast import dit_velocity
 from cosmos_robot.policies.groot.policy import Gr00tPolicy
 from cosmos_robot.policies.interfaces import ModelInputs, RLAdapter, RLModel
-from cosmos_robot.policies.rl_heads import FlowSpec, VLARLModel, masked_mean, value_head
+from cosmos_robot.policies.rl_heads import VLA_NOISE_LEVEL, FlowSpec, VLARLModel, masked_mean, value_head
 from cosmos_robot_client.base_policy import BatchPolicy
 
 __all__ = ["Gr00tContext", "Gr00tRLAdapter", "Gr00tRLModel"]
@@ -154,12 +154,15 @@ class Gr00tRLAdapter(RLAdapter):
     model: Gr00tRLModel
 
     def __init__(self, policy: BatchPolicy, *, noise_level: float | None = None, freeze_vlm: bool = False) -> None:
-        if not isinstance(policy, Gr00tPolicy):
-            raise TypeError(f"Gr00tRLAdapter: expected a Gr00tPolicy, got {type(policy).__name__}")
-        self.policy = policy
-        self.action_dims = policy.action_dim
-        noise = 0.5 if noise_level is None else noise_level
-        self.model = Gr00tRLModel(policy.policy, policy.preprocessor, policy.action_dim, noise, freeze_vlm)
+        self.policy = self.expect(policy, Gr00tPolicy)
+        self.action_dims = self.policy.action_dim
+        self.model = Gr00tRLModel(
+            self.policy.policy,
+            self.policy.preprocessor,
+            self.policy.action_dim,
+            VLA_NOISE_LEVEL if noise_level is None else noise_level,
+            freeze_vlm,
+        )
 
     @staticmethod
     def load_policy(path: str, device: torch.device | str) -> BatchPolicy:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from cosmos_robot.policies.interfaces import ModelInputs, RLAdapter, RLModel
 from cosmos_robot.policies.pi05.modeling import Pi05Model, PrefixCache
 from cosmos_robot.policies.pi05.policy import Pi05Policy
-from cosmos_robot.policies.rl_heads import FlowSpec, VLARLModel, masked_mean, value_head
+from cosmos_robot.policies.rl_heads import VLA_NOISE_LEVEL, FlowSpec, VLARLModel, masked_mean, value_head
 from cosmos_robot_client.base_policy import BatchPolicy
 
 __all__ = ["Pi05Context", "Pi05RLAdapter", "Pi05RLModel"]
@@ -128,12 +128,15 @@ class Pi05RLAdapter(RLAdapter):
     model: Pi05RLModel
 
     def __init__(self, policy: BatchPolicy, *, noise_level: float | None = None, freeze_vlm: bool = False) -> None:
-        if not isinstance(policy, Pi05Policy):
-            raise TypeError(f"Pi05RLAdapter: expected a Pi05Policy, got {type(policy).__name__}")
-        self.policy = policy
-        self.action_dims = policy.action_dim
-        noise = 0.5 if noise_level is None else noise_level
-        self.model = Pi05RLModel(policy.model, policy.action_dim, policy.num_steps, noise, freeze_vlm)
+        self.policy = self.expect(policy, Pi05Policy)
+        self.action_dims = self.policy.action_dim
+        self.model = Pi05RLModel(
+            self.policy.model,
+            self.policy.action_dim,
+            self.policy.num_steps,
+            VLA_NOISE_LEVEL if noise_level is None else noise_level,
+            freeze_vlm,
+        )
 
     @staticmethod
     def load_policy(path: str, device: torch.device | str) -> BatchPolicy:

@@ -33,7 +33,7 @@ __all__ = [
     "PolicyFolderExporter",
     "choose_target",
     "export_checkpoint",
-    "export_info",
+    "begin_export",
     "match_tensors",
     "staged_export",
 ]
@@ -86,12 +86,18 @@ def check_target(exporter: Exporter, target: str) -> None:
         raise ExportError(f"the {exporter.name} exporter writes {exporter.targets}, not {target!r}")
 
 
-def export_info(exporter: Exporter, target: str, source: Path, run: Any | None) -> dict[str, Any]:
-    """What the manifest records of an export: family, target, source, and a run's trainer, step and checkpoint."""
+def begin_export(exporter: Exporter, source: Path, target: str) -> tuple[Path, Any | None, dict[str, Any]]:
+    """What every export starts with: the target checked, the source as a run (``sources.RunSource``, None for
+    a policy folder), and the manifest's record (family, target, source; a run's trainer, step, checkpoint)."""
+    from cosmos_robot_exporters.sources import resolve_run
+
+    check_target(exporter, target)
+    source = Path(source)
+    run = resolve_run(source)
     info: dict[str, Any] = {"family": exporter.name, "target": target, "source": str(source)}
     if run is not None:
         info.update({"trainer": run.trainer, "step": run.step, "checkpoint": str(run.checkpoint)})
-    return info
+    return source, run, info
 
 
 def choose_target(exporter: Exporter, target: str | None) -> str:
@@ -298,13 +304,9 @@ class PolicyFolderExporter(abc.ABC):
         return []
 
     def export(self, source: Path, out: Path, *, target: str, base: Path | None, overwrite: bool) -> ExportResult:
-        from cosmos_robot_exporters.sources import resolve_run
-
-        check_target(self, target)
-        source, out = Path(source), Path(out)
-        run = resolve_run(source)
+        source, run, info = begin_export(self, source, target)
+        out = Path(out)
         dropped: list[str] = []
-        info = export_info(self, target, source, run)
         if run is None:
             if base is not None:
                 raise ExportError(f"{source} is a policy folder: a {self.name} export of it takes no --base")

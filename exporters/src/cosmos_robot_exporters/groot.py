@@ -40,12 +40,11 @@ from cosmos_robot_exporters.base import (
     VALUE_HEAD,
     ExportError,
     ExportResult,
-    check_target,
-    export_info,
+    begin_export,
     staged_export,
     written_files,
 )
-from cosmos_robot_exporters.sources import load_trained_weights, resolve_run
+from cosmos_robot_exporters.sources import load_trained_weights
 
 __all__ = ["Gr00tExporter"]
 
@@ -62,11 +61,9 @@ class Gr00tExporter:
     targets: tuple[str, ...] = ("lerobot", "gr00t")
 
     def export(self, source: Path, out: Path, *, target: str, base: Path | None, overwrite: bool) -> ExportResult:
-        check_target(self, target)
-        source, out = Path(source), Path(out)
-        run = resolve_run(source)
+        source, run, info = begin_export(self, source, target)
+        out = Path(out)
         notes: list[str] = []
-        info = export_info(self, target, source, run)
         if run is not None:
             if not run.is_rl:
                 raise ExportError(f"{run.run_dir}: groot exports take RL runs (GR00T has no SFT trainer here)")
