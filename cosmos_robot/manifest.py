@@ -27,6 +27,9 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,6 +44,7 @@ __all__ = [
     "check_manifest",
     "file_sha256",
     "read_manifest",
+    "staged_folder",
     "verify_manifest",
     "write_manifest",
 ]
@@ -108,6 +112,35 @@ def _version() -> str:
         from cosmos_robot import __version__
 
         return __version__
+
+
+@contextmanager
+def staged_folder(out: str | Path, info: Mapping[str, Any] | None = None) -> Iterator[Path]:
+    """Yield ``<out>.tmp`` to write a folder into; on success add its manifest and swap it in as ``out``.
+
+    On an error the staging folder is removed and ``out`` is left as it was; a kill at any moment
+    leaves either the old ``out`` (or ``out.old``) or the new one, never half of one. Trainers'
+    ``final/`` and every ``cosmos-robot export`` are written through this.
+    """
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        write_manifest(tmp, dict(info or {}))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = out.with_name(out.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def write_manifest(folder: str | Path, extra: dict[str, Any] | None = None) -> Path:

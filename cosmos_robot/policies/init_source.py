@@ -19,6 +19,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from cosmos_robot.config.recipes import RECIPES_DIR
 from cosmos_robot.manifest import verify_manifest
 from cosmos_robot.policies.registry import FAMILIES, CheckpointError, get_family
 
@@ -67,8 +68,7 @@ def _tiny(name: str, field: str, log: Callable[[str], None]) -> Path:
 
 def _how_to_make(path: Path) -> str:
     parts = path.parts
-    recipes = Path(__file__).resolve().parents[2] / "recipes"
-    if len(parts) >= 2 and parts[0] == "runs" and (recipes / f"{parts[1]}.toml").is_file():
+    if len(parts) >= 2 and parts[0] == "runs" and (RECIPES_DIR / f"{parts[1]}.toml").is_file():
         return f"it is made by `cosmos-robot train {parts[1]}` (run that first)"
     tiny = ", ".join(f"{TINY_PREFIX}{n}" for n, f in sorted(FAMILIES.items()) if f.tiny is not None)
     return (

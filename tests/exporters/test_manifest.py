@@ -164,3 +164,17 @@ def test_a_stale_temporary_manifest_is_never_listed(tmp_path: Path) -> None:
     (root / f".{MANIFEST_FILE}.tmp").write_text("{}")  # left by a write_manifest killed before its rename
     write_manifest(root)
     assert verify_manifest(root)
+
+
+def test_staged_folder_swaps_in_a_complete_folder_or_leaves_the_old_one(tmp_path: Path) -> None:
+    from cosmos_robot.manifest import staged_folder
+
+    out = tmp_path / "final"
+    with staged_folder(out, {"family": "x"}) as tmp:
+        (tmp / "a.txt").write_text("one")
+    assert verify_manifest(out) and read_manifest(out)["info"] == {"family": "x"}  # type: ignore[index]
+    with pytest.raises(RuntimeError, match="killed"), staged_folder(out) as tmp:
+        (tmp / "a.txt").write_text("half")
+        raise RuntimeError("killed while writing")
+    assert (out / "a.txt").read_text() == "one" and verify_manifest(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]  # no .tmp / .old left behind

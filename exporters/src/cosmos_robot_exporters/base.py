@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import abc
 import logging
-import os
-import shutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from cosmos_robot.manifest import MANIFEST_FILE, verify_manifest, write_manifest
+from cosmos_robot.manifest import MANIFEST_FILE, staged_folder, verify_manifest
 from cosmos_robot.policies.registry import CheckpointError
 
 __all__ = [
@@ -184,30 +182,11 @@ def check_out(out: Path, overwrite: bool, protect: tuple[Path | None, ...] = ())
 def staged_export(
     out: Path, overwrite: bool, info: Mapping[str, Any], protect: tuple[Path | None, ...] = ()
 ) -> Iterator[Path]:
-    """Yield ``<out>.tmp`` to write into; on success write the manifest there and rename it to ``out``.
-
-    On any error the staging folder is removed and ``out`` is left as it was.
-    """
+    """``cosmos_robot.manifest.staged_folder`` after ``check_out``: refuse a bad ``out`` before writing."""
     out = Path(out)
     check_out(out, overwrite, protect)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    try:
+    with staged_folder(out, info) as tmp:
         yield tmp
-        write_manifest(tmp, dict(info))
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = out.with_name(out.name + ".old")
-    if out.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def written_files(out: Path) -> list[str]:

@@ -10,8 +10,6 @@ file checksums that ``serve --ckpt`` / ``eval --ckpt`` verify.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -51,22 +49,13 @@ class EMA:
 
 
 def export_policy(policy: Any, out_dir: str | Path, source: str = "") -> Path:
-    """Write ``policy.save_pretrained`` into ``<out>.tmp``, add the manifest, then rename to ``out``."""
-    from cosmos_robot.manifest import write_manifest
+    """Write ``policy.save_pretrained`` through ``cosmos_robot.manifest.staged_folder`` (staged, manifest, swap)."""
+    from cosmos_robot.manifest import staged_folder
     from cosmos_robot.policies.registry import family_of
 
     out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    policy.save_pretrained(tmp)
-    write_manifest(tmp, {"family": family_of(tmp).name, "source": source, "target": "policy"})
-    old = out.with_name(out.name + ".old")  # a kill at any point leaves a complete out (or out.old)
-    if old.exists():
-        shutil.rmtree(old)
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old.exists():
-        shutil.rmtree(old)
+    info = {"source": source, "target": "policy"}
+    with staged_folder(out, info) as tmp:  # the manifest is written from ``info`` after this block
+        policy.save_pretrained(tmp)
+        info["family"] = family_of(tmp).name
     return out
