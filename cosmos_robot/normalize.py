@@ -31,10 +31,12 @@ class FeatureStats:
     q99: np.ndarray | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def _origin_and_scale(self, mode: NormMode) -> tuple[np.ndarray, np.ndarray]:
-        """``(mean, std)`` for ``mean_std``, ``(low bound, span)`` for the bounded modes.
+    def _center_and_scale(self, mode: NormMode) -> tuple[np.ndarray, np.ndarray]:
+        """``(center, scale)`` with ``normalized = (x - center) / scale``.
 
-        A (near) zero std or span is replaced by 1 or 2, so that dimension passes through unscaled.
+        ``mean_std``: ``(mean, std)``; the bounded modes map ``[low, high]`` onto ``[-1, 1]``: the centre of the
+        range and half its span. A (near) zero std or span passes that dimension through unscaled (std 1,
+        span 2).
         """
         if mode == "mean_std":
             return self.mean, np.where(self.std < _EPS, 1.0, self.std)
@@ -44,25 +46,22 @@ class FeatureStats:
             lo, hi = self.q01, self.q99
         else:
             lo, hi = self.min, self.max
-        return lo, np.where(hi - lo < _EPS, 2.0, hi - lo)
+        half_span = np.where(hi - lo < _EPS, 2.0, hi - lo) / 2.0
+        return lo + half_span, half_span
 
     def normalize(self, x: np.ndarray, mode: NormMode) -> np.ndarray:
         x = np.asarray(x, dtype=np.float32)
         if mode == "identity":
             return x
-        origin, scale = self._origin_and_scale(mode)
-        if mode == "mean_std":
-            return ((x - origin) / scale).astype(np.float32)
-        return (2.0 * (x - origin) / scale - 1.0).astype(np.float32)
+        center, scale = self._center_and_scale(mode)
+        return ((x - center) / scale).astype(np.float32)
 
     def unnormalize(self, y: np.ndarray, mode: NormMode) -> np.ndarray:
         y = np.asarray(y, dtype=np.float32)
         if mode == "identity":
             return y
-        origin, scale = self._origin_and_scale(mode)
-        if mode == "mean_std":
-            return (y * scale + origin).astype(np.float32)
-        return ((y + 1.0) * 0.5 * scale + origin).astype(np.float32)
+        center, scale = self._center_and_scale(mode)
+        return (y * scale + center).astype(np.float32)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k).tolist() for k in ("mean", "std", "min", "max")}

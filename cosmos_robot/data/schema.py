@@ -29,19 +29,6 @@ from typing import Any
 
 from cosmos_robot_envs.tabletop.tasks import OBJECT_STATE_FIELDS, STATE_FIELDS
 
-__all__ = [
-    "ACTION",
-    "ACTION_NAMES",
-    "CAMERAS",
-    "FPS",
-    "OBJECT_STATE",
-    "ROBOT_TYPE",
-    "SIDECAR",
-    "STATE",
-    "camera_key",
-    "demo_features",
-]
-
 FPS = 20  # the tabletop control rate
 ROBOT_TYPE = "cosmos_robot_tabletop_gripper"
 CAMERAS = ("image", "wrist_image")  # env observation keys of the two cameras

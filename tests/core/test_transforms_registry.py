@@ -8,33 +8,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cosmos_robot import transforms as tf
 from cosmos_robot.normalize import FeatureStats, compute_stats
 from cosmos_robot.policies import CheckpointError, detect_family, load_policy_folder
-from cosmos_robot.transforms import (
-    NormalizeKeys,
-    PadOrSliceActions,
-    RenameKeys,
-    ResizeImages,
-    SelectKeys,
-    UnnormalizeKeys,
-    run_transforms,
-    transforms_from_config,
-    transforms_to_config,
-)
 
 
 def test_pipeline_round_trips_through_config() -> None:
     rng = np.random.default_rng(0)
     stats = {"state": compute_stats(rng.normal(3, 2, (200, 4))).to_dict()}
     pipeline = [
-        RenameKeys({"observation/state": "state", "observation/image": "image"}),
-        SelectKeys(("state", "image")),
-        ResizeImages(("image",), 8, 8),
-        NormalizeKeys(stats, "mean_std"),
+        tf.RenameKeys({"observation/state": "state", "observation/image": "image"}),
+        tf.SelectKeys(("state", "image")),
+        tf.ResizeImages(("image",), 8, 8),
+        tf.NormalizeKeys(stats, "mean_std"),
     ]
-    rebuilt = transforms_from_config(json.loads(json.dumps(transforms_to_config(pipeline))))
+    rebuilt = tf.transforms_from_config(json.loads(json.dumps(tf.transforms_to_config(pipeline))))
     obs = {"observation/state": rng.normal(3, 2, 4), "observation/image": np.zeros((16, 16, 3), np.uint8), "x": 1}
-    a, b = run_transforms(pipeline, dict(obs)), run_transforms(rebuilt, dict(obs))
+    a, b = tf.run_transforms(pipeline, dict(obs)), tf.run_transforms(rebuilt, dict(obs))
     assert sorted(a) == ["image", "state"] and a["image"].shape == (8, 8, 3)
     np.testing.assert_array_equal(a["state"], b["state"])
 
@@ -44,26 +34,26 @@ def test_normalize_inverts(mode: str) -> None:
     x = np.random.default_rng(1).normal(0, 5, (100, 3)).astype(np.float32)
     x[:, 2] = 7.0  # a constant dimension passes through instead of dividing by zero
     stats = {"actions": compute_stats(x).to_dict()}
-    y = NormalizeKeys(stats, mode)({"actions": x})["actions"]  # type: ignore[arg-type]
+    y = tf.NormalizeKeys(stats, mode)({"actions": x})["actions"]  # type: ignore[arg-type]
     assert np.isfinite(y).all()
-    back = UnnormalizeKeys(stats, mode)({"actions": y})["actions"]  # type: ignore[arg-type]
+    back = tf.UnnormalizeKeys(stats, mode)({"actions": y})["actions"]  # type: ignore[arg-type]
     np.testing.assert_allclose(back, x, rtol=1e-5, atol=1e-4)
 
 
 def test_transform_errors_name_the_problem() -> None:
     stats = {"state": compute_stats(np.zeros((3, 4))).to_dict()}
     with pytest.raises(ValueError, match=r"state: expected last dimension 4, got shape \(3,\)"):
-        NormalizeKeys(stats)({"state": np.zeros(3)})
+        tf.NormalizeKeys(stats)({"state": np.zeros(3)})
     with pytest.raises(ValueError, match=r"no stats for keys \['action'\]"):
-        NormalizeKeys(stats, keys=("action",))
+        tf.NormalizeKeys(stats, keys=("action",))
     with pytest.raises(KeyError, match="missing \\['state'\\]"):
-        SelectKeys(("state",))({"image": 1})
+        tf.SelectKeys(("state",))({"image": 1})
     with pytest.raises(ValueError, match="did you mean 'RenameKeys'"):
-        transforms_from_config([{"name": "RenameKey", "mapping": {}}])
+        tf.transforms_from_config([{"name": "RenameKey", "mapping": {}}])
     with pytest.raises(ValueError, match="HxWx3"):
-        ResizeImages(("image",), 4, 4)({"image": np.zeros((4, 4))})
-    assert PadOrSliceActions(2)({"actions": np.ones((5, 4))})["actions"].shape == (5, 2)
-    assert PadOrSliceActions(6)({"actions": np.ones((5, 4))})["actions"].shape == (5, 6)
+        tf.ResizeImages(("image",), 4, 4)({"image": np.zeros((4, 4))})
+    assert tf.PadOrSliceActions(2)({"actions": np.ones((5, 4))})["actions"].shape == (5, 2)
+    assert tf.PadOrSliceActions(6)({"actions": np.ones((5, 4))})["actions"].shape == (5, 6)
     with pytest.raises(ValueError, match="missing"):
         FeatureStats.from_dict({"mean": [0.0]}, name="stats['x']")
 

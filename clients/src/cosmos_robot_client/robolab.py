@@ -144,12 +144,9 @@ class CosmosRobotRoboLabClient:
 
     def reset(self, *, env_id: int | None = None) -> None:
         """Forget the chunk of ``env_id`` (all envs when None); its next step queries the server."""
-        if env_id is None:
-            self._chunks.clear()
-            self._counters.clear()
-        else:
-            self._chunks.pop(env_id, None)
-            self._counters.pop(env_id, None)
+        for env in list(self._chunks) if env_id is None else [env_id]:
+            self._chunks.pop(env, None)
+            self._counters.pop(env, None)
 
     def close(self) -> None:
         close = getattr(self.policy, "close", None)
