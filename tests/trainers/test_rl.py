@@ -269,6 +269,28 @@ def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
         debug_config("joint_ppo", tmp_path, "algo.cilp=0.1")
 
 
+def test_every_algorithm_is_one_method_table_entry(tmp_path: Path) -> None:
+    from cosmos_robot_trainers.rl.config import ALGORITHMS
+    from cosmos_robot_trainers.rl.methods import METHODS
+
+    assert set(METHODS) == set(ALGORITHMS)
+    models = {}
+    for algo in ALGORITHMS:
+        config = debug_config(algo, tmp_path)
+        models[algo] = (METHODS[algo].reference(config), METHODS[algo].old_model)
+    assert models == {
+        "joint_ppo": (False, False),
+        "grpo": (False, False),
+        "nft": (False, True),
+        "dpo": (True, False),
+    }
+    assert METHODS["grpo"].reference(debug_config("grpo", tmp_path, "algo.kl_coef=0.01"))
+    from cosmos_robot.config import ConfigError
+
+    with pytest.raises(ConfigError, match="did you mean 'grpo'"):
+        debug_config("grpo", tmp_path, "trainer=grpoo")
+
+
 @pytest.mark.slow
 def test_ray_rollout_workers_match_the_schedule(tmp_path: Path) -> None:
     pytest.importorskip("ray")

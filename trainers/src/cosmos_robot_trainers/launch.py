@@ -16,6 +16,7 @@ from typing import Any
 import tomllib
 
 from cosmos_robot.config import ConfigError, apply_overrides, find_recipe, load_recipe
+from cosmos_robot_trainers.rl.config import ALGORITHMS
 
 __all__ = ["TRAINERS", "launch", "load_train_recipe"]
 
@@ -24,7 +25,7 @@ TRAINERS: dict[str, tuple[str, str]] = {
     "sft": ("cosmos_robot_trainers.sft.config:SFTConfig", "cosmos_robot_trainers.sft.trainer:run_sft"),
     **{
         name: ("cosmos_robot_trainers.rl.config:RLConfig", "cosmos_robot_trainers.rl.trainer:run_rl")
-        for name in ("joint_ppo", "grpo", "nft", "dpo")
+        for name in ALGORITHMS
     },
 }
 

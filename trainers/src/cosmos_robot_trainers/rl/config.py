@@ -12,6 +12,8 @@ resuming into a folder whose saved recipe differs in it is refused, naming the f
 
 from __future__ import annotations
 
+import difflib
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -34,7 +36,22 @@ __all__ = [
     "TrainConfig",
 ]
 
-ALGORITHMS = ("joint_ppo", "grpo", "nft", "dpo")
+
+@dataclass(frozen=True)
+class AlgorithmNeeds:
+    """What an online algorithm asks of the recipe (checked when the config loads)."""
+
+    min_group_size: int  # episodes per initial state it compares
+    log_probs: bool  # needs the rollout sampler's log-probs (so not sample_mode "ode")
+
+
+# trainer name -> its needs; the update and advantage of each are rl/methods.py's METHODS
+ALGORITHMS: dict[str, AlgorithmNeeds] = {
+    "joint_ppo": AlgorithmNeeds(min_group_size=1, log_probs=True),
+    "grpo": AlgorithmNeeds(min_group_size=2, log_probs=True),
+    "nft": AlgorithmNeeds(min_group_size=1, log_probs=False),
+    "dpo": AlgorithmNeeds(min_group_size=2, log_probs=False),
+}
 TABLETOP_TASKS = ["reach", "push", "pick_place", "open_drawer"]
 
 
@@ -144,7 +161,7 @@ class EvalConfig(EvalSchedule):
 class RLConfig(StrictModel):
     """An online RL run that post-trains a flow policy checkpoint in simulation."""
 
-    trainer: Literal["joint_ppo", "grpo", "nft", "dpo"]  # which algorithm
+    trainer: str  # which algorithm: a key of ALGORITHMS (joint_ppo, grpo, nft, dpo)
     name: str = "rl"  # run name (logs)
     init: str  # the starting checkpoint folder (any family with RL: an SFT run's final/, ...) or tiny:<family>
     env: EnvConfig = Field(default_factory=lambda: EnvConfig())
@@ -164,9 +181,17 @@ class RLConfig(StrictModel):
                 f"rollout.episodes_per_iter ({self.rollout.episodes_per_iter}) must be a multiple of "
                 f"algo.group_size ({g})"
             )
-        if self.trainer in ("grpo", "dpo") and g < 2:
-            raise ValueError(f"algo.group_size must be >= 2 for {self.trainer} (episodes compared per initial state)")
-        if self.trainer in ("joint_ppo", "grpo") and self.rollout.sample_mode == "ode":
+        if self.trainer not in ALGORITHMS:
+            hint = difflib.get_close_matches(self.trainer, list(ALGORITHMS), n=1)
+            extra = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise ValueError(f"trainer: unknown algorithm {self.trainer!r} (known: {', '.join(ALGORITHMS)}){extra}")
+        needs = ALGORITHMS[self.trainer]
+        if g < needs.min_group_size:
+            raise ValueError(
+                f"algo.group_size must be >= {needs.min_group_size} for {self.trainer} "
+                "(episodes compared per initial state)"
+            )
+        if needs.log_probs and self.rollout.sample_mode == "ode":
             raise ValueError(
                 f"rollout.sample_mode 'ode' has no log-probs; {self.trainer} needs 'flow_sde' or 'flow_noise'"
             )

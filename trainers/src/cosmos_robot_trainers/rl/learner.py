@@ -101,15 +101,17 @@ def update_policy_gradient(
     num_flow_steps: int,
     noise_level: float,
     train_policy: bool = True,
+    sequence_ratio: bool = False,
     ref_model: RLModel | None = None,
 ) -> dict[str, float]:
-    """PPO / GRPO / GSPO epochs over the rollout. ``adv.returns`` set -> joint PPO with the value loss."""
+    """PPO / GRPO / GSPO epochs over the rollout. ``adv.returns`` set -> joint PPO with the value loss;
+    ``sequence_ratio`` -> GSPO's per-episode ratio (minibatches of whole episodes)."""
     algo, o = config.algo, config.optim
     device = next(model.parameters()).device
     replan_steps = config.rollout.replan_steps
     dims = int(getattr(model, "action_dims", model.config.action_dim))  # executed dims, never padding
     use_value = adv.returns is not None
-    gspo = config.trainer == "grpo" and algo.policy_loss == "gspo"
+    gspo = sequence_ratio
     keep_idx = torch.nonzero(adv.keep).flatten()
     means = _Means()
     first = True

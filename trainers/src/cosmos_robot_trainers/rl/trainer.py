@@ -45,15 +45,9 @@ from cosmos_robot_trainers.common import (
 from cosmos_robot_trainers.common.evaluation import EvalHookConfig, evaluate_policy
 from cosmos_robot_trainers.common.export import export_policy
 from cosmos_robot_trainers.common.rundir import CHECKPOINTS, prepare_run_dir
-from cosmos_robot_trainers.rl.advantage import Advantages, dpo_pairs, group_advantages, nft_advantages, ppo_advantages
 from cosmos_robot_trainers.rl.config import RUNTIME_FIELDS, RLConfig
-from cosmos_robot_trainers.rl.learner import (
-    RATIO_GATE,
-    build_optimizer,
-    update_dpo,
-    update_nft,
-    update_policy_gradient,
-)
+from cosmos_robot_trainers.rl.learner import RATIO_GATE, build_optimizer
+from cosmos_robot_trainers.rl.methods import UpdateInputs, get_method
 from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, frozen_copy, load_rl_adapter
 from cosmos_robot_trainers.rl.rollout import Rollout, episode_specs
 from cosmos_robot_trainers.rl.workers import LocalRollouts, RayRollouts, make_rollouts
@@ -202,8 +196,9 @@ def _setup(config: RLConfig, policy: RLAdapter, ckpt_path: Path | None, log: Cal
     seed_everything(tcfg.seed)
     model = policy.model
     _serve_with_rollout_steps(config, policy, log)
-    ref_model = frozen_copy(model) if (config.trainer == "dpo" or config.algo.kl_coef > 0) else None
-    old_model = frozen_copy(model) if config.trainer == "nft" else None
+    method = get_method(config.trainer)
+    ref_model = frozen_copy(model) if method.reference(config) else None
+    old_model = frozen_copy(model) if method.old_model else None
     optimizer = build_optimizer(model, config)
     start, prior_wall = 0, 0.0
     if ckpt_path is not None:
@@ -379,48 +374,26 @@ def _export_and_evaluate(run: _Run, result: RLResult, log: Callable[[str], None]
         _plot(run.out)
 
 
-def _advantage(
-    config: RLConfig, rollout: Rollout, gen: torch.Generator
-) -> tuple[Advantages | torch.Tensor, dict[str, float]]:
-    """Phase advantage: GAE (joint PPO), group-normalised success (GRPO), NFT's optimality or DPO's pairs."""
-    algo = config.algo
-    if config.trainer == "joint_ppo":
-        adv = ppo_advantages(rollout, algo)
-    elif config.trainer == "grpo":
-        adv = group_advantages(rollout, algo)
-    elif config.trainer == "nft":
-        adv = nft_advantages(rollout, algo)
-    else:
-        pairs = dpo_pairs(rollout, algo, gen)
-        return pairs, {"pairs": float(len(pairs))}
-    return adv, adv.stats
+def _advantage(config: RLConfig, rollout: Rollout, gen: torch.Generator) -> tuple[Any, dict[str, float]]:
+    """Phase advantage: the algorithm's targets (GAE, group-normalised success, NFT's optimality, DPO's pairs)."""
+    return get_method(config.trainer).advantage(rollout, config.algo, gen)
 
 
-def _update(
-    run: _Run, rollout: Rollout, adv: Advantages | torch.Tensor, gen: torch.Generator, iteration: int
-) -> dict[str, float]:
+def _update(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iteration: int) -> dict[str, float]:
     """Phase update: the algorithm's epochs of minibatches (``learner.py``)."""
-    config, model, optimizer = run.config, run.model, run.optimizer
-    if isinstance(adv, torch.Tensor):  # DPO's (winner, loser) pairs
-        assert run.ref_model is not None
-        return update_dpo(model, run.ref_model, optimizer, rollout, adv, config, gen)
-    if config.trainer == "nft":
-        assert run.old_model is not None
-        return update_nft(model, run.old_model, optimizer, rollout, adv, config, gen)
-    warm = config.trainer == "joint_ppo" and iteration < config.algo.critic_warmup_iters
-    return update_policy_gradient(
-        model,
-        optimizer,
-        rollout,
-        adv,
-        config,
-        gen,
+    inputs = UpdateInputs(
+        model=run.model,
+        optimizer=run.optimizer,
+        config=run.config,
+        generator=gen,
+        iteration=iteration,
         sample_mode=run.sample_mode,
-        num_flow_steps=run.k_steps,
+        k_steps=run.k_steps,
         noise_level=run.noise_level,
-        train_policy=not warm,
         ref_model=run.ref_model,
+        old_model=run.old_model,
     )
+    return get_method(run.config.trainer).update(inputs, rollout, adv)
 
 
 def _sync(run: _Run) -> None:

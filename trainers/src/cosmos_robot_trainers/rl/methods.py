@@ -1,0 +1,119 @@
+"""The online RL algorithms, one table entry each: how a rollout becomes advantages, and the update.
+
+Why a table: the driver (``trainer.py``) runs the same named phases for every algorithm
+(rollout -> reward -> old_logprob -> advantage -> update -> weight_sync); only the advantage and
+update phases and the extra models an algorithm keeps (a frozen reference, NFT's old policy)
+differ. Each entry names those, so the driver never compares algorithm names and a new algorithm
+is its loss / advantage in ``cosmos_robot_trainers.algorithms``, its update in ``learner.py`` and
+one ``OnlineMethod`` here (``rl/config.py``'s ``ALGORITHMS`` holds the facts its config checks use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cosmos_robot.policies.flow.sampling import SampleMode
+from cosmos_robot_trainers.rl.advantage import Advantages, dpo_pairs, group_advantages, nft_advantages, ppo_advantages
+from cosmos_robot_trainers.rl.config import ALGORITHMS, AlgoConfig, RLConfig
+from cosmos_robot_trainers.rl.learner import update_dpo, update_nft, update_policy_gradient
+from cosmos_robot_trainers.rl.policies import RLModel
+from cosmos_robot_trainers.rl.rollout import Rollout
+
+__all__ = ["METHODS", "OnlineMethod", "UpdateInputs", "get_method"]
+
+
+@dataclass
+class UpdateInputs:
+    """What an update phase may use beyond the rollout and its advantages."""
+
+    model: RLModel
+    optimizer: torch.optim.Optimizer
+    config: RLConfig
+    generator: torch.Generator
+    iteration: int
+    sample_mode: SampleMode
+    k_steps: int  # denoising steps of the rollout sampler
+    noise_level: float
+    ref_model: RLModel | None = None
+    old_model: RLModel | None = None
+
+
+Stats = dict[str, float]
+
+
+@dataclass(frozen=True)
+class OnlineMethod:
+    """One online algorithm: ``advantage(rollout, algo, generator) -> (targets, stats)`` and
+    ``update(inputs, rollout, targets) -> metrics``; ``reference(config)`` says whether it keeps a
+    frozen copy of the starting model, ``old_model`` whether it keeps a slowly moving old policy."""
+
+    name: str
+    advantage: Callable[[Rollout, AlgoConfig, torch.Generator], tuple[Any, Stats]]
+    update: Callable[[UpdateInputs, Rollout, Any], Stats]
+    reference: Callable[[RLConfig], bool] = lambda config: config.algo.kl_coef > 0
+    old_model: bool = False
+
+
+def _with_stats(fn: Callable[[Rollout, AlgoConfig], Advantages]) -> Callable[..., tuple[Advantages, Stats]]:
+    def advantage(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -> tuple[Advantages, Stats]:
+        adv = fn(rollout, algo)
+        return adv, adv.stats
+
+    return advantage
+
+
+def _policy_gradient(*, critic: bool) -> Callable[[UpdateInputs, Rollout, Advantages], Stats]:
+    def update(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
+        algo = inp.config.algo
+        return update_policy_gradient(
+            inp.model,
+            inp.optimizer,
+            rollout,
+            adv,
+            inp.config,
+            inp.generator,
+            sample_mode=inp.sample_mode,
+            num_flow_steps=inp.k_steps,
+            noise_level=inp.noise_level,
+            train_policy=not (critic and inp.iteration < algo.critic_warmup_iters),
+            sequence_ratio=not critic and algo.policy_loss == "gspo",
+            ref_model=inp.ref_model,
+        )
+
+    return update
+
+
+def _dpo_pairs(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -> tuple[torch.Tensor, Stats]:
+    pairs = dpo_pairs(rollout, algo, generator)
+    return pairs, {"pairs": float(len(pairs))}
+
+
+def _update_nft(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
+    assert inp.old_model is not None
+    return update_nft(inp.model, inp.old_model, inp.optimizer, rollout, adv, inp.config, inp.generator)
+
+
+def _update_dpo(inp: UpdateInputs, rollout: Rollout, pairs: torch.Tensor) -> Stats:
+    assert inp.ref_model is not None
+    return update_dpo(inp.model, inp.ref_model, inp.optimizer, rollout, pairs, inp.config, inp.generator)
+
+
+METHODS: dict[str, OnlineMethod] = {
+    m.name: m
+    for m in (
+        OnlineMethod("joint_ppo", _with_stats(ppo_advantages), _policy_gradient(critic=True)),
+        OnlineMethod("grpo", _with_stats(group_advantages), _policy_gradient(critic=False)),
+        OnlineMethod("nft", _with_stats(nft_advantages), _update_nft, old_model=True),
+        OnlineMethod("dpo", _dpo_pairs, _update_dpo, reference=lambda config: True),
+    )
+}
+assert set(METHODS) == set(ALGORITHMS), "rl/config.py's ALGORITHMS and rl/methods.py's METHODS disagree"
+
+
+def get_method(name: str) -> OnlineMethod:
+    """The table entry of ``name`` (already checked by ``RLConfig``)."""
+    return METHODS[name]
