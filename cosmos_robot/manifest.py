@@ -173,12 +173,16 @@ def read_manifest(folder: str | Path) -> dict[str, Any] | None:
     """The parsed ``manifest.json`` of ``folder`` (None when there is none); a malformed one is a
     ``CheckpointError`` naming the file and what is wrong."""
     path = Path(folder) / MANIFEST_FILE
-    if not path.is_file():
+    if not path.exists():
         return None
+    if not path.is_file():  # a folder called manifest.json must not pass as "no manifest"
+        raise CheckpointError(f"{path}: is not a file; a manifest is a JSON file")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f'{path}: not a cosmos-robot manifest (no "format": {FORMAT!r})')
     version = data.get("format_version")

@@ -43,6 +43,9 @@ def command(
     max_steps: Optional[int] = EVAL.option("max_steps"),
     batch_requests: bool = EVAL.option("batch_requests", "--batch-requests/--no-batch-requests"),
     align_starts: bool = EVAL.option("align_starts", "--align-starts/--no-align-starts"),
+    infra_retries: int = EVAL.option("infra_retries"),
+    step_timeout_s: float = EVAL.option("step_timeout_s"),
+    reset_timeout_s: float = EVAL.option("reset_timeout_s"),
     api_key: Optional[str] = typer.Option(None, envvar="COSMOS_ROBOT_API_KEY", help="API key for the server."),
     connect_timeout_s: float = typer.Option(10.0, help="Give up connecting to the server after this long."),
     wait_s: float = typer.Option(
@@ -180,5 +183,17 @@ def _print_results(results: dict[str, Any], suite: str, out: str) -> None:
         ci = f"[{100 * s['ci95_low']:.0f}%, {100 * s['ci95_high']:.0f}%]"
         table.add_row(name, f"{s['successes']}/{s['episodes']}", f"{100 * s['success_rate']:.1f}%", ci)
     Console().print(table)
+    totals = results["totals"]
+    if totals.get("infra_failures"):
+        reasons = ", ".join(f"{k} x{v}" for k, v in totals.get("infra_reasons", {}).items())
+        typer.echo(
+            f"{totals['infra_failures']} attempt(s) hit a failed env worker ({reasons}); not counted as the policy's"
+        )
+    if totals.get("missing"):
+        typer.secho(
+            f"incomplete: {totals['missing']} episode(s) missing after failed env workers; "
+            "rerun the same command to run exactly those",
+            err=True,
+        )
     thr = results["throughput"]
     typer.echo(f"{thr['episodes_per_min']:.1f} episodes/min; report: {out}/report.html")

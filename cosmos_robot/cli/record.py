@@ -25,7 +25,10 @@ def command(
         "seed", help="Base seed; episode seeds hash it with the task and index (disjoint from eval's)."
     ),
     only_success: bool = RECORD.option("only_success", "--only-success/--keep-failed"),
-    overwrite: bool = typer.Option(False, help="Replace an existing dataset in --out."),
+    overwrite: bool = typer.Option(
+        False,
+        help="Replace an existing dataset in --out (default: resume an interrupted recording of the same config).",
+    ),
     vector_mode: str = RECORD.option("vector_mode"),
     videos: bool = RECORD.option("use_videos", "--videos/--no-videos"),
     max_steps: Optional[int] = RECORD.option("max_steps"),
@@ -36,7 +39,8 @@ def command(
 
     Episodes stop at success; failed rollouts are dropped unless --keep-failed. The seeds, the
     command and any dropped episodes are listed in DIR/meta/cosmos_robot.json. Read it back with
-    LeRobotDataset(repo_id, root=DIR) or cosmos_robot.data.load_demonstrations.
+    LeRobotDataset(repo_id, root=DIR) or cosmos_robot.data.load_demonstrations. Rerunning an
+    interrupted command resumes it; a complete dataset of the same config is left alone.
 
     \b
     Example:
@@ -44,6 +48,7 @@ def command(
     """
     from rich.console import Console
 
+    from cosmos_robot.data.local import recording_status
     from cosmos_robot.data.progress import RichRecordProgress
     from cosmos_robot.data.record import RecordConfig, record_demonstrations
 
@@ -64,18 +69,27 @@ def command(
         )
     except ValueError as exc:
         raise fail(str(exc), 2) from exc
+    before = "missing" if overwrite else recording_status(out)
+    if before == "interrupted":
+        typer.echo(f"resuming the interrupted recording in {out}", err=True)
     try:
         with RichRecordProgress(Console(stderr=True)) as progress:
             summary = record_demonstrations(
                 config, out, overwrite=overwrite, callbacks=progress, command=["cosmos-robot", *sys.argv[1:]]
             )
     except KeyboardInterrupt:
-        typer.secho(f"interrupted; the episodes written so far form a valid dataset in {out}", err=True)
+        typer.secho(
+            f"interrupted; the episodes written so far form a valid dataset in {out}: rerun the same command to "
+            "record the rest",
+            err=True,
+        )
         raise typer.Exit(130) from None
     except (FileExistsError, ValueError) as exc:
         raise fail(str(exc), 2) from exc
     except RuntimeError as exc:
         raise fail(str(exc), 1) from exc
+    if before == "complete":
+        typer.echo(f"{out} already holds this recording, complete; nothing to do (--overwrite records it again)")
     counts, thr = summary["counts"], summary["throughput"]
     typer.echo(
         f"kept {counts['kept']}/{counts['rolled_out']} episodes ({counts['frames']} frames), "

@@ -23,6 +23,50 @@ TRANSPORT_CHOICES = {
 }
 
 
+ALLOW_DOWNLOAD = typer.Option(
+    False,
+    "--allow-download",
+    help="Let --ckpt fetch files its folder names from the Hugging Face hub (a pi05 tokenizer, a GR00T "
+    "base model) when they are not in the local cache. Off: serving never downloads.",
+)
+
+MAX_MESSAGE_MB_OPTION = SERVER.option(
+    "max_message_bytes",
+    "--max-message-mb",
+    help="Refuse requests larger than this many MiB, before decoding them.",
+    from_config=lambda n: n / MIB,
+    to_config=lambda mb: int(mb * MIB),
+)
+
+GROOT_GENERATION_OPTION = SERVER.option(
+    "groot_generation",
+    help="GR00T clients' generation for get_modality_config (N1.5 decodes a JSON string, N1.6+ a map): "
+    "auto (learn it from each peer's requests), n1.5 or n1.6.",
+)
+
+COSMOS_ERRORS_OPTION = SERVER.option(
+    "cosmos_errors",
+    help="cosmos-framework dialect errors as an HTTP status ('http') or, as its own server does, "
+    '200 with {"action": [], "error": ...} (\'in_body\') so its client logs the message.',
+)
+
+MAX_INFLIGHT_MB_PER_CLIENT_OPTION = SERVER.option(
+    "max_inflight_bytes_per_client",
+    "--max-inflight-mb-per-client",
+    help="MiB of observations one connection may have in flight; more get 'server busy' (429).",
+    from_config=lambda n: n / MIB,
+    to_config=lambda mb: int(mb * MIB),
+)
+
+MAX_QUEUED_MB_OPTION = SERVER.option(
+    "max_queued_bytes",
+    "--max-queued-mb",
+    help="MiB of observations in flight over all clients; more get 'server busy' (503).",
+    from_config=lambda n: n / MIB,
+    to_config=lambda mb: int(mb * MIB),
+)
+
+
 def parse_transports(value: str) -> tuple[str, ...]:
     names: list[str] = []
     for part in value.split(","):
@@ -78,14 +122,21 @@ def command(
         envvar="COSMOS_ROBOT_API_KEY",
         help="Require this key from clients (websocket/HTTP: Authorization: Api-Key, ZMQ: api_token).",
     ),
-    max_message_mb: float = SERVER.option(
-        "max_message_bytes",
-        "--max-message-mb",
-        help="Refuse requests larger than this many MiB, before decoding them.",
-        from_config=lambda n: n / MIB,
-        to_config=lambda mb: int(mb * MIB),
-    ),
+    max_message_mb: float = MAX_MESSAGE_MB_OPTION,
     enable_kill: bool = SERVER.option("enable_kill"),
+    groot_generation: str = GROOT_GENERATION_OPTION,
+    cosmos_errors: str = COSMOS_ERRORS_OPTION,
+    max_inflight_per_client: int = SERVER.option("max_inflight_per_client"),
+    max_inflight_mb_per_client: float = MAX_INFLIGHT_MB_PER_CLIENT_OPTION,
+    max_queued_requests: int = SERVER.option("max_queued_requests"),
+    max_queued_mb: float = MAX_QUEUED_MB_OPTION,
+    max_client_batch: int = SERVER.option("max_client_batch"),
+    max_sessions: int = SERVER.option("max_sessions"),
+    max_connections: int = SERVER.option("max_connections"),
+    max_map_keys: int = SERVER.option("max_map_keys"),
+    max_elements: int = SERVER.option("max_elements"),
+    header_timeout_s: float = SERVER.option("header_timeout_s"),
+    body_timeout_s: float = SERVER.option("body_timeout_s"),
     device: str = typer.Option("auto", help="Torch device for --ckpt (auto: cuda when available, else cpu)."),
     warmup: str = typer.Option(
         "auto",
@@ -95,8 +146,8 @@ def command(
     ),
     groot_layout: Optional[str] = typer.Option(
         None,
-        help="Also accept GR00T's flat video.*/state.*/annotation.* observations of this embodiment "
-        "(libero), batch axis on the wire, answered as action.* keys.",
+        help="Also accept GR00T's observations of this embodiment (libero, so100): flat video.*/state.*/"
+        "annotation.* keys (answered as action.*) or N1.6's nested {video, state, language} (answered per group).",
     ),
     alpasim_port: Optional[int] = typer.Option(
         None,
@@ -109,6 +160,7 @@ def command(
         help="A flag of `python -m cosmos_robot_server.alpasim` for the driver, e.g. --alpasim-arg=--action-dt=0.5 "
         "(repeatable).",
     ),
+    allow_download: bool = ALLOW_DOWNLOAD,
     log_level: str = typer.Option("INFO", help="Python logging level."),
 ) -> None:
     """Serve a policy to openpi, GR00T, cosmos-framework and AlpaSim clients.
@@ -117,21 +169,29 @@ def command(
     Examples:
         cosmos-robot serve --ckpt checkpoints/flow_tabletop --transport both
         cosmos-robot serve --policy cosmos_robot_server.example_policies:constant -a action_horizon=10 --transport all
+        cosmos-robot serve --ckpt lerobot/pi05_libero_finetuned_local --allow-download
     """
-    options = dict(locals())  # the option values by name (the config's fields are read from them)
+    _run(dict(locals()))  # the option values by name (the config's fields are read from them)
+
+
+def _run(options: dict[str, Any]) -> None:
+    """``serve`` itself: load the policy (a refusal exits 2 naming the problem), then serve until Ctrl-C."""
     import logging
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ckpt, policy, device = options["ckpt"], options["policy"], options["device"]
+    logging.basicConfig(level=options["log_level"].upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if (policy is None) == (ckpt is None):
         raise typer.BadParameter(
             "pass exactly one of --ckpt DIR or --policy MODULE:FACTORY", param_hint="--ckpt/--policy"
         )
     try:
-        config = _server_config(options, ckpt, device, warmup)
-        pol = _load_policy(ckpt, policy, policy_arg or [], device, groot_layout)
+        config = _server_config(options, ckpt, device, options["warmup"])
+        pol = _load_policy(
+            ckpt, policy, options["policy_arg"] or [], device, options["groot_layout"], options["allow_download"]
+        )
     except ValueError as exc:  # PolicyLoadError and CheckpointError are ValueErrors too
         raise fail(str(exc), 2) from exc
-    driver = _alpasim_sidecar(config, alpasim_port, alpasim_arg or [], api_key)
+    driver = _alpasim_sidecar(config, options["alpasim_port"], options["alpasim_arg"] or [], options["api_key"])
     _serve(pol, config, driver, label=str(ckpt or policy))
 
 
@@ -146,12 +206,21 @@ def _server_config(options: dict[str, Any], ckpt: Optional[str], device: str, wa
 
 
 def _load_policy(
-    ckpt: Optional[str], policy: Optional[str], policy_arg: list[str], device: str, groot_layout: Optional[str]
+    ckpt: Optional[str],
+    policy: Optional[str],
+    policy_arg: list[str],
+    device: str,
+    groot_layout: Optional[str],
+    allow_download: bool = False,
 ) -> Any:
     """The checkpoint folder or the factory's policy, with GR00T's flat layout accepted when asked."""
     from cosmos_robot.policy_loading import load_policy_factory, parse_policy_args
 
     kwargs = parse_policy_args(policy_arg)
+    if allow_download:
+        if ckpt is None:
+            raise ValueError("--allow-download applies to --ckpt folders (files they name on the hub)")
+        kwargs["allow_download"] = True
     pol = load_ckpt_policy(str(ckpt), device, kwargs) if ckpt is not None else load_policy_factory(str(policy), kwargs)
     if groot_layout is not None:
         from cosmos_robot.policies.groot_layout import LAYOUTS, Gr00tLayoutPolicy

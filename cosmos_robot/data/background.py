@@ -5,6 +5,8 @@ PNG embedding, parquet), several times the cost of simulating it. Done inline, e
 for it. On a thread it overlaps with env stepping: PNG codecs, numpy reductions and the simulator
 workers all run outside the GIL. The queue is bounded so a slow disk throttles the rollouts instead
 of filling memory, and an error in the writer is re-raised in the caller at the next ``put`` or on exit.
+Leaving the ``with`` block always waits for the item being written, even when Ctrl-C lands during
+that wait: a write still running after the caller closed the dataset would corrupt it.
 """
 
 from __future__ import annotations
@@ -29,21 +31,27 @@ class BackgroundWriter(Generic[T]):
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, max_pending))
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="episode-writer", daemon=True)
+        # set when the thread is done; waited on instead of join(): a Ctrl-C landing in Thread.join()
+        # can leave the thread marked stopped while it still runs (CPython 3.12), and the wait is retried
+        self._finished = threading.Event()
 
     def __enter__(self) -> BackgroundWriter[T]:
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            if self._error is None:
-                try:
-                    self._write(item)  # type: ignore[arg-type]
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
-                    self._error = exc
+        try:
+            while True:
+                item = self._queue.get()
+                if item is _STOP:
+                    return
+                if self._error is None:
+                    try:
+                        self._write(item)  # type: ignore[arg-type]
+                    except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                        self._error = exc
+        finally:
+            self._finished.set()
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -58,20 +66,31 @@ class BackgroundWriter(Generic[T]):
                 return
             except queue.Full:
                 self._raise()
-                if not self._thread.is_alive():
+                if self._finished.is_set():
                     raise RuntimeError("the episode writer thread stopped") from None
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is not None:
-            # interrupted: drop what has not been written yet, then let the thread finish its current item
-            while True:
-                try:
-                    self._queue.get_nowait()
-                except queue.Empty:
-                    break
-        self._queue.put(_STOP)
-        self._thread.join()
+        interrupt: BaseException | None = None
+        while True:  # the thread finishes its current item before the caller may close the dataset
+            try:
+                if exc_type is not None or interrupt is not None:  # interrupted: drop what is not written yet
+                    self._drain()
+                self._queue.put(_STOP)
+                while not self._finished.wait(0.1):  # a timed wait: Ctrl-C is seen even if another thread got it
+                    pass
+                break
+            except KeyboardInterrupt as exc:  # Ctrl-C anywhere in here: drop the rest, still wait for that item
+                interrupt = exc
+        if interrupt is not None:
+            raise interrupt
         if exc_type is None:
             self._raise()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return

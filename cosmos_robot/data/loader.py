@@ -11,6 +11,11 @@ size on the way in, so memory is ``N x cameras x 3 x S x S`` bytes (20k frames, 
 Images are resized with PIL bilinear, the same resampling as the ``ResizeImages`` transform that
 serving applies, so a policy sees the same pixels in training and at inference.
 
+The folder is checked on disk first (``cosmos_robot.data.local``): LeRobot fetches whatever it finds
+missing from the Hugging Face Hub, so a recording killed mid-write would otherwise end in a network
+error, and an interrupted recording (a valid dataset holding only part of what was asked for) is
+refused unless ``allow_incomplete``: training on half the data without noticing is the worse failure.
+
 Action chunks follow LeRobot's ``delta_timestamps`` semantics: frame ``t`` gets actions
 ``t .. t+chunk_size-1`` of its own episode; past the episode's last frame the last action is repeated and
 ``action_is_pad`` is True there (a loss should mask those steps).
@@ -31,6 +36,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from cosmos_robot.data.local import IncompleteDatasetError, check_local_dataset, read_sidecar
 from cosmos_robot.data.schema import ACTION, CAMERAS, SIDECAR, STATE, camera_key
 from cosmos_robot.normalize import FeatureStats, compute_stats
 
@@ -154,6 +160,19 @@ def _repo_id(root: Path) -> str:
     return f"local/{root.name or 'dataset'}"
 
 
+def _refuse_interrupted(root: Path, allow_incomplete: bool) -> None:
+    side = read_sidecar(root)
+    if allow_incomplete or side is None or side.get("status") != "interrupted":
+        return
+    counts = side.get("counts", {})
+    command = " ".join(str(c) for c in side.get("command", [])) or f"cosmos-robot record --out {root}"
+    raise IncompleteDatasetError(
+        f"{root} holds an interrupted recording: {counts.get('rolled_out', '?')} of the "
+        f"{counts.get('scheduled', '?')} scheduled episodes were rolled out. Rerun the command that recorded it "
+        f"(`{command}`) to finish it (recording resumes where it stopped), or delete {root} to start over"
+    )
+
+
 def load_demonstrations(
     root: str | Path,
     *,
@@ -162,29 +181,30 @@ def load_demonstrations(
     cameras: Sequence[str] = CAMERAS,
     max_episodes: int | None = None,
     decode_workers: int = 2,
+    allow_incomplete: bool = False,
 ) -> DemoData:
     """Load the LeRobot dataset at ``root`` into a :class:`DemoData`.
 
     ``cameras``: env camera names (``"image"``, ``"wrist_image"``) in the order the policy stacks them.
     ``max_episodes``: only the first that many episodes (LeRobot's ``episodes=`` filter).
-    Raises ``FileNotFoundError`` for a folder that is not a LeRobot dataset and ``KeyError`` naming a
-    feature the dataset lacks.
+    ``allow_incomplete``: load an interrupted recording as it is instead of refusing it.
+    Raises ``FileNotFoundError`` for a folder that is not a LeRobot dataset,
+    :class:`~cosmos_robot.data.local.IncompleteDatasetError` for a killed or (unless
+    ``allow_incomplete``) interrupted recording, and ``KeyError`` naming a feature the dataset lacks.
+    Never accesses the network.
     """
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     t0 = time.perf_counter()
     root = Path(root)
-    if not (root / "meta" / "info.json").exists():
-        raise FileNotFoundError(
-            f"{root}: not a LeRobot dataset (no meta/info.json); record one with `cosmos-robot record --out {root}`"
-        )
+    info = check_local_dataset(root)
+    _refuse_interrupted(root, allow_incomplete)
     if image_size < 1:
         raise ValueError(f"image_size: expected >= 1, got {image_size}")
     if max_episodes is not None and max_episodes < 1:
         raise ValueError(f"max_episodes: expected >= 1 or None, got {max_episodes}")
     if not cameras:
         raise ValueError("cameras: need at least one camera")
-    info = json.loads((root / "meta" / "info.json").read_text())
     features = info.get("features", {})
     wanted = [STATE, ACTION, *(camera_key(c) for c in cameras)]
     missing = [k for k in wanted if k not in features]

@@ -14,22 +14,35 @@ needed); ``use_videos`` stores MP4s through LeRobot's streaming encoder instead.
 Beside LeRobot's files the run writes ``meta/cosmos_robot.json``: the command, the config, the seed
 rule, every dataset episode's (task, index, seed, length) and every dropped episode with its reason.
 LeRobot ignores the file; ``load_sidecar`` reads it.
+
+Why a rerun resumes: training starts recordings by itself, and one stopped by Ctrl-C (status
+``interrupted``: LeRobot's ``finalize`` ran) is a valid but short dataset that would otherwise be
+trained on as if whole. Rerunning with the same config reopens it with ``LeRobotDataset.resume`` and
+rolls out exactly the scheduled episodes it lacks (the written ones are a prefix of the schedule, so
+the result equals an uninterrupted run's). The sidecar says ``recording`` while a run is under way;
+a folder left in that state by a killed run is refused with the fix (LeRobot's buffered metadata is
+lost), and so is a folder with another config; ``--overwrite`` starts over. A complete dataset with
+the same config is left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import shutil
+import signal
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from cosmos_robot.data.background import BackgroundWriter
-from cosmos_robot.data.rollouts import Episode, build_schedule, run_rollouts
+from cosmos_robot.data.local import IncompleteDatasetError, check_local_dataset, killed_message, read_sidecar
+from cosmos_robot.data.rollouts import Episode, EpisodeSpec, build_schedule, run_rollouts
 from cosmos_robot.data.schema import (
     ACTION,
     CAMERAS,
@@ -43,8 +56,17 @@ from cosmos_robot.data.schema import (
 )
 from cosmos_robot_envs.eval.config import check_rollout_fields
 
-__all__ = ["RecordCallbacks", "RecordConfig", "load_sidecar", "prepare_out_dir", "record_demonstrations"]
+__all__ = [
+    "IncompleteDatasetError",
+    "RecordCallbacks",
+    "RecordConfig",
+    "load_sidecar",
+    "prepare_out_dir",
+    "record_demonstrations",
+]
 
+# fields that change how fast a recording goes, not what it records: a resumed run may change them
+RUNTIME_FIELDS = frozenset({"num_envs", "vector_mode", "image_writer_threads"})
 SEED_RULE = "first 4 bytes (big-endian) of sha256(f'demo/{seed}/{task}/{index}'), masked to 31 bits"
 
 
@@ -78,29 +100,70 @@ class RecordCallbacks:
     """Progress hooks; the defaults do nothing (the CLI passes a rich progress bar)."""
 
     def start(self, total: int) -> None:
-        """Called once with the number of episodes that will be rolled out."""
+        """Called once with the number of episodes that will be rolled out (those a resumed run lacks)."""
 
     def episode(self, episode: Episode, kept: bool) -> None:
         """Called after each episode is written (``kept``) or dropped."""
 
 
-def prepare_out_dir(out: Path, overwrite: bool) -> None:
-    """Make ``out`` free for ``LeRobotDataset.create`` (which insists on creating the folder itself)."""
+def prepare_out_dir(out: Path, overwrite: bool, config: RecordConfig | None = None) -> dict[str, Any] | None:
+    """Make ``out`` ready for a recording of ``config``; return the sidecar of the recording to resume.
+
+    None: ``out`` is free for ``LeRobotDataset.create`` (which insists on creating the folder itself).
+    A sidecar: ``out`` holds an ``interrupted`` (resume it) or ``complete`` (nothing to do) recording of
+    the same ``config``. Raises ``FileExistsError`` (the message says what to do) for a taken folder:
+    another config, a killed recording, a dataset not written by this recorder; with ``config`` None,
+    for any dataset.
+    """
     if not out.exists():
-        return
+        return None
     if out.is_file():
         raise FileExistsError(f"--out {out} is a file; pass a folder path")
     if not any(out.iterdir()):
         out.rmdir()
-        return
-    if not overwrite:
-        raise FileExistsError(f"--out {out} already exists; pass --overwrite to replace it, or choose another folder")
+        return None
     if not (out / "meta" / "info.json").exists():
         raise FileExistsError(
             f"--out {out} is a non-empty folder that is not a LeRobot dataset (no meta/info.json); "
-            "refusing to delete it even with --overwrite"
+            "refusing to write into it or delete it (even with --overwrite): choose another folder"
         )
-    shutil.rmtree(out)
+    if overwrite:
+        shutil.rmtree(out)
+        return None
+    side = read_sidecar(out)
+    if config is None or side is None:
+        what = (
+            "a dataset" if side is not None else f"a LeRobot dataset without {SIDECAR} (not recorded here, or killed)"
+        )
+        raise FileExistsError(
+            f"--out {out} already exists and holds {what}; pass --overwrite to replace it, or choose another folder"
+        )
+    if side.get("status") == "recording":
+        raise IncompleteDatasetError(killed_message(out))
+    diffs = _config_diffs(side.get("config", {}), config)
+    if diffs:
+        raise FileExistsError(
+            f"--out {out} holds a recording with another config ({'; '.join(diffs)}); pass --overwrite to replace "
+            "it, or choose another folder"
+        )
+    if side.get("status") == "interrupted":
+        info = check_local_dataset(out)
+        if int(info.get("total_episodes", -1)) != len(side.get("episodes", [])):
+            raise IncompleteDatasetError(
+                f"{out}: its LeRobot files hold {info.get('total_episodes')} episodes but {SIDECAR} lists "
+                f"{len(side.get('episodes', []))}, so it cannot be resumed; delete it, or pass --overwrite"
+            )
+    return side
+
+
+def _config_diffs(saved: dict[str, Any], config: RecordConfig) -> list[str]:
+    """``name: saved X, now Y`` for each field but ``RUNTIME_FIELDS`` that differs."""
+    now = {**asdict(config), "tasks": list(config.tasks)}
+    return [
+        f"{name}: saved {saved.get(name)!r}, now {now[name]!r}"
+        for name in now
+        if name not in RUNTIME_FIELDS and saved.get(name) != now[name]
+    ]
 
 
 def load_sidecar(root: str | Path) -> dict[str, Any]:
@@ -132,13 +195,19 @@ def _episode_row(ep: Episode) -> dict[str, Any]:
 
 
 class _Sink:
-    """Writes kept episodes into the LeRobot dataset (on the writer thread) and keeps the tally."""
+    """Writes kept episodes into the LeRobot dataset (on the writer thread) and keeps the tally.
 
-    def __init__(self, dataset: Any, config: RecordConfig, callbacks: RecordCallbacks) -> None:
+    ``previous``: the sidecar of the recording being resumed (its episodes come first in the tally).
+    """
+
+    def __init__(
+        self, dataset: Any, config: RecordConfig, callbacks: RecordCallbacks, previous: dict[str, Any] | None
+    ) -> None:
         self.dataset, self.config, self.callbacks = dataset, config, callbacks
-        self.kept: list[dict[str, Any]] = []
-        self.dropped: list[dict[str, Any]] = []
-        self.frames = 0
+        self.kept: list[dict[str, Any]] = list(previous["episodes"]) if previous else []
+        self.dropped: list[dict[str, Any]] = list(previous["dropped_episodes"]) if previous else []
+        self.resumed = len(self.kept) + len(self.dropped)
+        self.frames = self.resumed_frames = sum(int(r["length"]) for r in self.kept)
 
     def write(self, ep: Episode) -> None:
         keep = ep.frames > 0 and (ep.success or not self.config.only_success)
@@ -161,6 +230,7 @@ class _Sink:
             per_task[row["task"]]["failed"] += int(not row["success"])
         return {
             "scheduled": scheduled,
+            "resumed": self.resumed,  # episodes an interrupted run had rolled out before this one resumed it
             "rolled_out": len(rows),
             "kept": len(self.kept),
             "dropped": len(self.dropped),
@@ -180,15 +250,15 @@ def record_demonstrations(
 ) -> dict[str, Any]:
     """Roll out the scripted experts and write a LeRobot dataset at ``out_dir``; return the sidecar dict.
 
-    ``callbacks.episode`` runs on the writer thread. ``command`` is recorded in the sidecar (default
-    ``sys.argv``). Raises ``FileExistsError`` when ``out_dir`` is taken (see ``prepare_out_dir``),
-    ``ValueError`` for an unknown suite or task, ``RuntimeError`` when no episode was kept.
+    An interrupted recording of the same config in ``out_dir`` is resumed; a complete one is returned
+    as it is. ``callbacks.episode`` runs on the writer thread. ``command`` is recorded in the sidecar
+    (default ``sys.argv``). Raises ``FileExistsError`` when ``out_dir`` is taken (see
+    ``prepare_out_dir``; ``IncompleteDatasetError`` for a killed recording), ``ValueError`` for an
+    unknown suite or task, ``RuntimeError`` when no episode was kept.
     """
     import datasets
-    from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
     from cosmos_robot_envs.eval import get_suite
-    from cosmos_robot_envs.vector import make_vector_env
 
     out = Path(out_dir)
     if config.suite != "tabletop":
@@ -198,46 +268,36 @@ def record_demonstrations(
         )
     suite = get_suite(config.suite)
     config = RecordConfig(**{**asdict(config), "tasks": suite.resolve_tasks(config.tasks)})
-    prepare_out_dir(out, overwrite)
+    previous = prepare_out_dir(out, overwrite, config)
+    if previous is not None and previous.get("status") == "complete":
+        return previous
     schedule = build_schedule(config.tasks, config.episodes_per_task, config.seed)
+    done = (
+        {(r["task"], r["index"]) for r in [*previous["episodes"], *previous["dropped_episodes"]]} if previous else set()
+    )
+    todo = [spec for spec in schedule if (spec.task, spec.index) not in done]
 
     bars_were_on = datasets.utils.logging.is_progress_bar_enabled()
     datasets.utils.logging.disable_progress_bar()  # one "Map" bar per saved episode otherwise
-    dataset = LeRobotDataset.create(
-        config.repo_id,
-        fps=FPS,
-        features=demo_features(config.image_size, config.use_videos),
-        root=out,
-        robot_type=ROBOT_TYPE,
-        use_videos=config.use_videos,
-        image_writer_threads=0 if config.use_videos else config.image_writer_threads,
-        streaming_encoding=config.use_videos,  # encode while recording: no PNG staging, no ffmpeg subprocess
-    )
-    sink = _Sink(dataset, config, callbacks or RecordCallbacks())
+    dataset = _open_dataset(config, out, resume=previous is not None)
+    sink = _Sink(dataset, config, callbacks or RecordCallbacks(), previous)
     status = "interrupted"
     t0 = time.perf_counter()
-    sink.callbacks.start(len(schedule))
     try:
-        venv = make_vector_env(
-            suite.make_env(config.tasks, config.image_size, config.max_steps),
-            num_envs=min(config.num_envs, len(schedule)),
-            mode=config.vector_mode,  # type: ignore[arg-type]
-        )
-        try:
-            with BackgroundWriter(sink.write, max_pending=2 * venv.num_envs) as writer:
-                for ep in run_rollouts(venv, schedule, CAMERAS):
-                    writer.put(ep)
-        finally:
-            venv.close()
+        _write_sidecar(out, _sidecar(config, sink, len(schedule), "recording", 0.0, command))  # until it ends
+        sink.callbacks.start(len(todo))
+        if todo:
+            _roll_out(config, suite, todo, sink)
         status = "complete"
     finally:
-        dataset.finalize()
-        _remove_empty_staging(out)
-        if bars_were_on:
-            datasets.utils.logging.enable_progress_bar()
-        sidecar = _sidecar(config, sink, len(schedule), status, time.perf_counter() - t0, command)
-        if out.exists():
-            (out / SIDECAR).write_text(json.dumps(sidecar, indent=1) + "\n")
+        with _sigint_deferred():  # a Ctrl-C now would leave LeRobot's files half closed
+            dataset.finalize()
+            _remove_empty_staging(out)
+            if bars_were_on:
+                datasets.utils.logging.enable_progress_bar()
+            sidecar = _sidecar(config, sink, len(schedule), status, time.perf_counter() - t0, command)
+            if out.exists():
+                _write_sidecar(out, sidecar)
     if not sink.kept:
         reasons = sorted({str(r.get("reason")) for r in sink.dropped})
         raise RuntimeError(
@@ -247,21 +307,84 @@ def record_demonstrations(
     return sidecar
 
 
+def _open_dataset(config: RecordConfig, out: Path, *, resume: bool) -> Any:
+    """A LeRobot dataset in write mode: created, or an interrupted one reopened (from disk only)."""
+    from lerobot.datasets.lerobot_dataset import LeRobotDataset
+
+    threads = 0 if config.use_videos else config.image_writer_threads
+    if resume:  # prepare_out_dir checked every file: LeRobot has no reason to look at the hub
+        return LeRobotDataset.resume(
+            config.repo_id, root=out, image_writer_threads=threads, streaming_encoding=config.use_videos
+        )
+    return LeRobotDataset.create(
+        config.repo_id,
+        fps=FPS,
+        features=demo_features(config.image_size, config.use_videos),
+        root=out,
+        robot_type=ROBOT_TYPE,
+        use_videos=config.use_videos,
+        image_writer_threads=threads,
+        streaming_encoding=config.use_videos,  # encode while recording: no PNG staging, no ffmpeg subprocess
+    )
+
+
+def _roll_out(config: RecordConfig, suite: Any, todo: Sequence[EpisodeSpec], sink: _Sink) -> None:
+    """Roll out ``todo`` on the suite's envs, writing each finished episode on the writer thread."""
+    from cosmos_robot_envs.vector import make_vector_env
+
+    venv = make_vector_env(
+        suite.make_env(config.tasks, config.image_size, config.max_steps),
+        num_envs=min(config.num_envs, len(todo)),
+        mode=config.vector_mode,  # type: ignore[arg-type]
+    )
+    try:
+        with BackgroundWriter(sink.write, max_pending=2 * venv.num_envs) as writer:
+            for ep in run_rollouts(venv, todo, CAMERAS):
+                writer.put(ep)
+    finally:
+        venv.close()
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold SIGINT while the dataset is closed; a Ctrl-C received meanwhile is raised afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    if received:
+        raise KeyboardInterrupt
+
+
+def _write_sidecar(out: Path, sidecar: dict[str, Any]) -> None:
+    """Replace the sidecar atomically: a kill mid-write leaves the old one, never half a file."""
+    tmp = out / (SIDECAR + ".tmp")
+    tmp.write_text(json.dumps(sidecar, indent=1) + "\n")
+    tmp.replace(out / SIDECAR)
+
+
 def _sidecar(
     config: RecordConfig, sink: _Sink, scheduled: int, status: str, wall_s: float, command: Sequence[str] | None
 ) -> dict[str, Any]:
     counts = sink.counts(scheduled, config.tasks)
     return {
         "format": "cosmos_robot.demonstrations/v1",
-        "status": status,  # "complete" or "interrupted" (the episodes written so far form a valid dataset)
+        # "complete", "interrupted" (the episodes written so far form a valid dataset; a rerun resumes it) or
+        # "recording" (under way, or killed: not resumable)
+        "status": status,
         "command": list(command) if command is not None else list(sys.argv),
         "config": {**asdict(config), "tasks": list(config.tasks)},
         "seed_rule": SEED_RULE,
         "counts": counts,
         "throughput": {
             "wall_s": round(wall_s, 3),
-            "episodes_per_min": round(60 * counts["rolled_out"] / wall_s, 2) if wall_s > 0 else 0.0,
-            "frames_per_s": round(sink.frames / wall_s, 2) if wall_s > 0 else 0.0,
+            "episodes_per_min": round(60 * (counts["rolled_out"] - sink.resumed) / wall_s, 2) if wall_s > 0 else 0.0,
+            "frames_per_s": round((sink.frames - sink.resumed_frames) / wall_s, 2) if wall_s > 0 else 0.0,
         },
         "privileged_features": {
             OBJECT_STATE: "simulator state (object pose, goal, drawer opening, task one-hot) the experts act "

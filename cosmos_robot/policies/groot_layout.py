@@ -1,4 +1,4 @@
-"""Isaac-GR00T's flat observation layout at the edge, for any served policy (``serve --groot-layout``).
+"""Isaac-GR00T's observation layouts at the edge, for any served policy (``serve --groot-layout``).
 
 GR00T's sim clients (``--use-sim-policy-wrapper``; its LIBERO, RoboCasa and SimplerEnv rollouts)
 send one ZMQ request per *vector* of environments, with the batch axis on the wire:
@@ -9,10 +9,15 @@ send one ZMQ request per *vector* of environments, with the batch axis on the wi
 - the reply: ``action.<group>``: float32 (B, chunk_size, d) per action group.
 
 N1.5's flat format is the same without the batch axis (``video.*`` (T, H, W, 3), ``state.*``
-(T, d), one instruction; ``action.*`` (chunk_size, d)). ``Gr00tLayoutPolicy`` splits such a request
-into B observations in the inner policy's own keys (``observation/<camera>``, the state groups
-concatenated in the layout's order as ``observation/state``, ``prompt``), answers them with ONE
-``infer_batch`` call, and splits the chunks' columns back into the action groups. Requests that
+(T, d), one instruction; ``action.*`` (chunk_size, d)). N1.6's real-robot clients (its SO100
+example) send what ``Gr00tPolicy.check_observation`` reads, nested and batched: ``{"video":
+{camera: (B, T, H, W, 3)}, "state": {group: (B, T, d)}, "language": {key: [[str]] * B}}``, and read
+``action[group][b][t]`` from ``{group: (B, chunk_size, d)}`` (no ``action.`` prefix).
+
+``Gr00tLayoutPolicy`` splits such a request into B observations in the inner policy's own keys
+(``observation/<camera>``, the state groups concatenated in the layout's order as
+``observation/state``, ``prompt``), answers them with ONE ``infer_batch`` call, and splits the
+chunks' columns back into the action groups, in the layout the request came in. Requests that
 already use the inner policy's keys pass through unchanged, so openpi clients keep working on the
 same server. The layout's modality config is served at GR00T's ``get_modality_config`` endpoint.
 """
@@ -46,6 +51,7 @@ class Gr00tLayout:
     state: tuple[tuple[str, int], ...]
     action: tuple[tuple[str, int], ...]
     chunk_size: int  # action rows per reply (GR00T's action_horizon; announced in the modality config)
+    language: str = LANGUAGE_KEYS[0]  # the instruction's key in the modality config
 
     def modality_config(self) -> dict[str, Any]:
         """GR00T's ``ModalityConfig`` tables (``delta_indices`` + ``modality_keys``) for this layout."""
@@ -56,7 +62,7 @@ class Gr00tLayout:
                 "delta_indices": list(range(self.chunk_size)),
                 "modality_keys": [k.removeprefix("action.") for k, _ in self.action],
             },
-            "language": {"delta_indices": [0], "modality_keys": [LANGUAGE_KEYS[0]]},
+            "language": {"delta_indices": [0], "modality_keys": [self.language]},
         }
 
 
@@ -85,7 +91,17 @@ LAYOUTS = {
             ("action.gripper", 1),
         ),
         chunk_size=16,
-    )
+    ),
+    # GR00T N1.6's SO100/SO101 example (gr00t/eval/real_robot/SO100): front + wrist camera, 5 arm
+    # joints + gripper in degrees, the same groups as actions, 16 steps
+    "so100": Gr00tLayout(
+        name="so100",
+        video=(("video.front", "observation/image"), ("video.wrist", "observation/wrist_image")),
+        state=(("state.single_arm", 5), ("state.gripper", 1)),
+        action=(("action.single_arm", 5), ("action.gripper", 1)),
+        chunk_size=16,
+        language="annotation.human.task_description",
+    ),
 }
 
 
@@ -119,7 +135,7 @@ class Gr00tLayoutPolicy(BatchPolicy):
         missing = [k for k, _ in lay.video + lay.state if k not in obs]
         lang_key = next((k for k in LANGUAGE_KEYS if k in obs), None)
         if missing or lang_key is None:
-            key = missing[0] if missing else LANGUAGE_KEYS[0]
+            key = missing[0] if missing else lay.language
             raise ObservationError(key, f"observation {index}: missing for GR00T's {lay.name} layout")
         first = np.asarray(obs[lay.video[0][0]])
         if first.ndim not in (4, 5) or first.shape[-1] != 3:
@@ -153,7 +169,34 @@ class Gr00tLayoutPolicy(BatchPolicy):
             out.append(item)
         return out, batched
 
-    def _pack(self, chunks: Sequence[np.ndarray], batched: bool) -> dict[str, Any]:
+    def _flatten(self, obs: Mapping[str, Any], index: int) -> dict[str, Any]:
+        """N1.6's nested ``{video, state, language}`` observation -> the flat keys ``_split`` reads."""
+        flat: dict[str, Any] = {}
+        for group in ("video", "state", "language"):
+            part = obs.get(group)
+            if not isinstance(part, Mapping):
+                raise ObservationError(
+                    group, f"observation {index}: GR00T's nested layout needs a map here, got {type(part).__name__}"
+                )
+            for key, value in part.items():
+                flat[str(key) if group == "language" else f"{group}.{key}"] = value
+        for gkey, _ in self.layout.video:
+            video = flat.get(gkey)
+            if video is not None and np.ndim(video) != 5:
+                raise ObservationError(
+                    gkey, f"observation {index}: the nested layout needs (B, T, H, W, 3), got {np.shape(video)}"
+                )
+        for key in LANGUAGE_KEYS:
+            if key in flat:  # [[str] * T] * B -> the latest instruction of each env
+                texts = flat[key]
+                if isinstance(texts, str):
+                    texts = [texts]
+                flat[key] = [
+                    t if isinstance(t, str) else str(np.asarray(t, dtype=object).reshape(-1)[-1]) for t in texts
+                ]
+        return flat
+
+    def _pack(self, chunks: Sequence[np.ndarray], batched: bool, nested: bool = False) -> dict[str, Any]:
         acts = np.stack([np.asarray(c, dtype=np.float32) for c in chunks])  # (B, H, D)
         need = sum(w for _, w in self.layout.action)
         if acts.shape[-1] != need:
@@ -163,7 +206,7 @@ class Gr00tLayoutPolicy(BatchPolicy):
         out, col = {}, 0
         for key, width in self.layout.action:
             part = acts[..., col : col + width]
-            out[key] = part if batched else part[0]
+            out[key.removeprefix("action.") if nested else key] = part if batched else part[0]
             col += width
         return out
 
@@ -171,7 +214,11 @@ class Gr00tLayoutPolicy(BatchPolicy):
         plan: list[tuple[str, int, bool]] = []  # (kind, how many inner observations, batched)
         inner_obs: list[dict[str, Any]] = []
         for i, obs in enumerate(obs_batch):
-            if any(str(k).startswith("video.") for k in obs):
+            if isinstance(obs.get("video"), Mapping):
+                items, batched = self._split(self._flatten(obs, i), i)
+                plan.append(("nested", len(items), batched))
+                inner_obs.extend(items)
+            elif any(str(k).startswith("video.") for k in obs):
                 items, batched = self._split(obs, i)
                 plan.append(("groot", len(items), batched))
                 inner_obs.extend(items)
@@ -186,5 +233,6 @@ class Gr00tLayoutPolicy(BatchPolicy):
         for kind, n, batched in plan:
             part = results[pos : pos + n]
             pos += n
-            out.append(self._pack([r["actions"] for r in part], batched) if kind == "groot" else part[0])
+            chunks = [r["actions"] for r in part]
+            out.append(part[0] if kind == "plain" else self._pack(chunks, batched, nested=kind == "nested"))
         return out

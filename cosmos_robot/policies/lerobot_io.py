@@ -14,20 +14,35 @@ reads the checkpoint's input features and
 - validates a request before any tensor work, naming the missing, doubled or malformed key;
 - stacks a batch of observations into LeRobot's batch dict (cameras as (B, 3, H, W) float in
   [0, 1], whatever mix of HxWx3 uint8 and 3xHxW float the clients sent).
+
+``check_processor_states`` reads the processors' ``state_file`` tensors (normalisation stats) before
+LeRobot does: a missing or truncated stats file is a ``CheckpointError`` naming that file, where
+LeRobot's pipeline loader would end in a bare ``SafetensorError``.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from cosmos_robot.policies.registry import CheckpointError, read_json
 from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
 
-__all__ = ["IGNORED_KEYS", "STATE_KEY", "TASK_KEY", "LeRobotIO", "LeRobotIOPolicy", "feature_type", "image_tensor"]
+__all__ = [
+    "IGNORED_KEYS",
+    "STATE_KEY",
+    "TASK_KEY",
+    "LeRobotIO",
+    "LeRobotIOPolicy",
+    "check_processor_states",
+    "feature_type",
+    "image_tensor",
+]
 
 STATE_KEY, TASK_KEY = "observation.state", "task"
 # openpi LIBERO clients name the cameras by role; LeRobot's LIBERO checkpoints call them image/image2, and its
@@ -45,6 +60,32 @@ _DROID_CAMERAS = frozenset(
 )  # fmt: skip
 JOINT_KEY, GRIPPER_KEY = "observation/joint_position", "observation/gripper_position"
 IGNORED_KEYS = frozenset({"observation/object_state", "session_id", "endpoint"})
+
+
+def check_processor_states(root: Path, pipelines: Sequence[str]) -> None:
+    """Every ``state_file`` the processor pipelines ``pipelines`` (JSON files in ``root``) name exists
+    and is a complete safetensors file of finite float tensors; else a ``CheckpointError`` naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    for name in pipelines:
+        steps = read_json(root / name).get("steps", [])
+        if not isinstance(steps, list):
+            raise CheckpointError(f"{root / name}: 'steps' must be a list of processor steps")
+        for step in steps:
+            state = step.get("state_file") if isinstance(step, dict) else None
+            if state is None:
+                continue
+            path = root / str(state)
+            if not isinstance(state, str) or Path(state).name != state or not path.is_file():
+                raise CheckpointError(f"{root / name}: its state_file {state!r} is not a file in {root}")
+            try:
+                tensors = load_file(str(path))
+            except (SafetensorError, OSError, ValueError) as exc:
+                raise CheckpointError(f"{path}: not a complete safetensors file ({exc}); truncated copy?") from exc
+            for key, t in tensors.items():
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    raise CheckpointError(f"{path}: tensor {key!r} holds NaN or inf (normalisation stats)")
 
 
 def feature_type(feature: Any) -> str:

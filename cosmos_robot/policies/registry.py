@@ -154,11 +154,20 @@ def register_family(family: Family) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any]:
-    """A checkpoint JSON file as a dict; a clear ``CheckpointError`` naming the file otherwise."""
+    """A checkpoint JSON file as a dict; a clear ``CheckpointError`` naming the file otherwise
+    (missing, a folder, unreadable, not UTF-8 text, not JSON, not an object)."""
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a folder, expected a JSON file")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: missing (or not a regular file)")
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise CheckpointError(f"{path}: not a text JSON file (byte {exc.start} is not UTF-8: binary data?)") from exc
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"{path}: not valid JSON ({exc})") from exc
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror or exc})") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

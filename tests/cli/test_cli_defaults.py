@@ -30,6 +30,8 @@ NOT_ON_CLI: dict[tuple[str, str], str] = {
     ("serve", "ping_interval_s"): "library-only keepalive tuning",
     ("serve", "ping_timeout_s"): "library-only keepalive tuning",
     ("serve", "request_timeout_s"): "library-only; clients have their own timeouts",
+    ("serve", "gil_switch_interval_ms"): "library-only latency tuning",
+    ("serve", "max_nesting_depth"): "library-only decode bound; every supported client nests < 8 deep",
 }
 
 

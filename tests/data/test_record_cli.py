@@ -1,4 +1,5 @@
-"""``cosmos-robot record``: a tiny in-process run, clear exits for a taken folder or an unknown task, and
+"""``cosmos-robot record``: a tiny in-process run, a rerun that finds it complete, clear exits for a folder
+holding another recording or an unknown task, and
 (slow) the real command with async workers and with MP4 videos (its help: tests/cli/test_cli.py)."""
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ def test_tiny_record_run_then_refuse_then_overwrite(tmp_path: Path) -> None:
     assert "kept 2/2 episodes" in result.output
     assert LeRobotDataset("local/demos", root=out).num_episodes == 2
 
-    again = runner.invoke(app, [*TINY, "--vector-mode", "sync", "--out", str(out)])
-    assert again.exit_code == 2
-    assert "already exists" in again.output and "--overwrite" in again.output
+    again = runner.invoke(app, [*TINY, "--vector-mode", "sync", "--out", str(out)])  # the same recording: done
+    assert again.exit_code == 0, again.output
+    assert "already holds this recording, complete" in again.output
+
+    other = runner.invoke(app, [*TINY, "--vector-mode", "sync", "--seed", "3", "--out", str(out)])
+    assert other.exit_code == 2
+    assert "another config (seed: saved 0, now 3)" in other.output and "--overwrite" in other.output
 
     forced = runner.invoke(app, [*TINY, "--vector-mode", "sync", "--seed", "3", "--overwrite", "--out", str(out)])
     assert forced.exit_code == 0, forced.output

@@ -1,4 +1,4 @@
-"""GR00T's flat layout (video.* / state.* / annotation.*, batch axis on the wire) in front of any policy."""
+"""GR00T's layouts (flat video.* / state.* / annotation.*; N1.6's nested groups) in front of any policy."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cosmos_robot.policies.groot_layout import LAYOUTS, Gr00tLayoutPolicy
+from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import ObservationError
 from tests.cli.test_cli import read_ready_line
 from tests.policies._pi05_helpers import libero_obs, tiny_pi05
@@ -93,3 +95,86 @@ def test_serve_groot_layout_over_zmq(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+
+
+class EchoStatePolicy(BatchPolicy):
+    """Answers each env's state repeated over 16 rows, so the reply's columns show where each group went."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict] = []
+
+    def infer_batch(self, obs_batch: Sequence[dict]) -> list[dict]:
+        self.seen.extend(obs_batch)
+        return [{"actions": np.tile(o["observation/state"], (16, 1))} for o in obs_batch]
+
+
+def so100_client_obs(arm: list[float], gripper: float, text: str) -> dict:
+    """What GR00T N1.6's SO100 example (``So100Adapter.obs_to_policy_inputs``) sends: nested groups,
+    then a (B=1, T=1) axis added twice to every array and around the instruction."""
+    frame = np.full((32, 48, 3), 7, np.uint8)
+    obs = {
+        "video": {"front": frame, "wrist": frame + 1},
+        "state": {"single_arm": np.asarray(arm, np.float32), "gripper": np.asarray([gripper], np.float32)},
+        "language": {"annotation.human.task_description": text},
+    }
+    for _ in range(2):
+        for group in obs.values():
+            for key, value in group.items():
+                group[key] = value[np.newaxis] if isinstance(value, np.ndarray) else [value]
+    return obs
+
+
+def test_nested_n16_request_maps_to_inner_keys_and_back() -> None:
+    inner = EchoStatePolicy()
+    policy = Gr00tLayoutPolicy(inner, LAYOUTS["so100"])
+    a, b = so100_client_obs([1, 2, 3, 4, 5], 6, "grab"), so100_client_obs([7, 8, 9, 10, 11], 12, "drop")
+    pair = {g: {k: np.concatenate([a[g][k], b[g][k]]) for k in a[g]} for g in ("video", "state")}
+    pair["language"] = {"annotation.human.task_description": [["grab"], ["drop"]]}
+    (reply,) = policy.infer_batch([pair])
+    assert sorted(reply) == ["gripper", "single_arm"]  # no "action." prefix in N1.6's nested reply
+    assert reply["single_arm"].shape == (2, 16, 5) and reply["gripper"].shape == (2, 16, 1)
+    np.testing.assert_array_equal(reply["single_arm"][1][3], [7, 8, 9, 10, 11])
+    assert [o["prompt"] for o in inner.seen] == ["grab", "drop"]
+    assert inner.seen[1]["observation/wrist_image"].shape == (32, 48, 3)
+    config = policy.metadata["modality_config"]
+    assert config["language"]["modality_keys"] == ["annotation.human.task_description"]
+    assert config["video"]["modality_keys"] == ["front", "wrist"]
+
+
+def test_bad_nested_requests_name_the_key() -> None:
+    policy = Gr00tLayoutPolicy(EchoStatePolicy(), LAYOUTS["so100"])
+    req = so100_client_obs([0] * 5, 0, "x")
+    req["video"]["front"] = req["video"]["front"][0]  # (T, H, W, 3): the batch axis is missing
+    with pytest.raises(ObservationError, match=r"video.front.*\(B, T, H, W, 3\)"):
+        policy.infer_batch([req])
+    req = so100_client_obs([0] * 5, 0, "x")
+    del req["state"]["gripper"]
+    with pytest.raises(ObservationError, match="state.gripper"):
+        policy.infer_batch([req])
+    req = so100_client_obs([0] * 5, 0, "x")
+    req["language"] = "x"
+    with pytest.raises(ObservationError, match="language.*needs a map"):
+        policy.infer_batch([req])
+
+
+def test_so100_example_client_over_zmq() -> None:
+    """GR00T N1.6's SO100 example against our ZMQ port: ``PolicyClient.get_action`` sends
+    ``{"observation", "options"}``, reads ``(action, info)``; the example reads ``chunk[group][0][t]``.
+    ``PolicyClient`` is reproduced by ``Gr00tN16ClientDouble`` (tests/policy_server/test_peer_compat.py)."""
+    from cosmos_robot_server import PolicyServer, ServerConfig
+    from tests.policy_server.test_peer_compat import Gr00tN16ClientDouble
+
+    policy = Gr00tLayoutPolicy(EchoStatePolicy(), LAYOUTS["so100"])
+    cfg = ServerConfig(port=0, zmq_port=0, transports=("zmq",))
+    server = PolicyServer(policy, cfg).start_in_thread()
+    client = Gr00tN16ClientDouble(server.ports["zmq"])
+    try:
+        chunk, info = client.get_action(so100_client_obs([1, 2, 3, 4, 5], 6, "pick"))
+        horizon = chunk[next(iter(chunk))].shape[1]
+        rows = [np.concatenate([chunk["single_arm"][0][t], chunk["gripper"][0][t]]) for t in range(horizon)]
+        assert horizon == 16 and all(list(r) == [1, 2, 3, 4, 5, 6] for r in rows)
+        assert "server_timing" in info
+        assert client.get_modality_config()["state"].modality_keys == ["single_arm", "gripper"]
+    finally:
+        client.close()
+        server.stop()

@@ -1,8 +1,10 @@
-"""Dynamic batching: grouping across clients, no wait for a lone client, failure isolation."""
+"""Dynamic batching: grouping across clients, no wait for a lone client, failure isolation, and
+admission: per-client round-robin, in-flight caps, departed clients' requests dropped, sessions, finite replies."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -11,8 +13,19 @@ import numpy as np
 import pytest
 
 from cosmos_robot_client.base_policy import BasePolicy, BatchPolicy
-from cosmos_robot_server.batcher import DynamicBatcher, PolicyError, structure_signature
-from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPolicy
+from cosmos_robot_server.batcher import (
+    DynamicBatcher,
+    Limits,
+    NonFiniteOutput,
+    PolicyError,
+    ServerBusy,
+    SessionSlot,
+    nonfinite_problem,
+    payload_nbytes,
+    structure_signature,
+)
+from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPolicy, StepCounterPolicy
+from cosmos_robot_server.metrics import Metrics
 
 
 def obs(n: int = 3) -> dict[str, Any]:
@@ -221,3 +234,142 @@ def test_request_queued_during_a_call_waits_for_its_prompt_peers() -> None:
 
     asyncio.run(_with_batcher(policy, go, max_wait_ms=15))
     assert policy.batch_sizes.count(4) >= 5, policy.batch_sizes
+
+
+# -- admission, fairness, departed clients, sessions, finite outputs (issue 15) ----------------
+
+
+def test_flood_by_one_client_delays_another_by_about_one_batch() -> None:
+    """Per-client queues served round-robin: a 400-request flood used to put a newcomer 100 batches back."""
+    policy = ConstantBatchPolicy(4, 2, delay_ms=5)
+
+    async def go(b: DynamicBatcher) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        flood = asyncio.gather(*(b.submit(obs(), "flood") for _ in range(400)))
+        await asyncio.sleep(0.02)  # the flood is queued and running
+        t1 = time.perf_counter()
+        await b.submit(obs(), "good")
+        good = time.perf_counter() - t1
+        await flood
+        return good, time.perf_counter() - t0
+
+    good, flood_s = asyncio.run(_with_batcher(policy, go, max_batch_size=4, max_wait_ms=1))
+    assert flood_s > 0.4  # 100 calls of >= 5 ms: the flood really occupied the policy
+    assert good < 0.1, f"good client waited {good:.3f} s behind the flood"
+
+
+def test_inflight_caps_refuse_with_server_busy_naming_the_limit() -> None:
+    policy = ConstantBatchPolicy(4, 2, delay_ms=30)
+    limits = Limits(max_inflight_per_client=3, max_inflight_bytes_per_client=4096, max_queued_requests=5)
+
+    async def go(b: DynamicBatcher) -> None:
+        held = [asyncio.ensure_future(b.submit(obs(), "a")) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert b.inflight("a")[0] == 3
+        with pytest.raises(ServerBusy, match=r"client a has 3 requests in flight \(max_inflight_per_client=3\)") as e:
+            await b.submit(obs(), "a")
+        assert e.value.status == 429
+        big = {"state": np.zeros(2048, np.float32)}  # 8 KiB
+        with pytest.raises(ServerBusy, match="max_inflight_bytes_per_client=4096") as e:
+            await b.submit(big, "b")
+        assert e.value.status == 429
+        more = [asyncio.ensure_future(b.submit(obs(), "b")) for _ in range(2)]  # 5 in flight: server full
+        await asyncio.sleep(0)
+        with pytest.raises(ServerBusy, match=r"server busy: 5 requests in flight \(max_queued_requests=5\)") as e:
+            await b.submit(obs(), "c")
+        assert e.value.status == 503
+        await asyncio.gather(*held, *more)
+        assert b.inflight() == (0, 0)
+        await b.submit(obs(), "a")  # answered requests free their place
+
+    asyncio.run(_with_batcher(policy, go, max_wait_ms=1, limits=limits))
+
+
+class RecordingPolicy(BatchPolicy):
+    """Records the tag of every observation it runs; blocks while ``gate`` is closed."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.gate = threading.Event()
+
+    def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.gate.wait(5)
+        self.seen.extend(str(o["tag"]) for o in obs_batch)
+        return [{"actions": np.zeros((2, 2), np.float32)} for _ in obs_batch]
+
+
+def test_forget_drops_queued_requests_of_a_departed_client() -> None:
+    policy = RecordingPolicy()
+    metrics = Metrics()
+
+    async def go(b: DynamicBatcher) -> None:
+        first = asyncio.ensure_future(b.submit({"tag": "x0"}, "stay"))
+        await asyncio.sleep(0.05)  # x0 is running (blocked on the gate)
+        gone = asyncio.ensure_future(b.submit_many([{"tag": f"g{i}"} for i in range(6)], "gone"))
+        stay = asyncio.ensure_future(b.submit({"tag": "x1"}, "stay"))
+        await asyncio.sleep(0)
+        assert b.forget("gone") == 6
+        policy.gate.set()
+        await asyncio.gather(first, stay)
+        outs = await gone
+        assert all(isinstance(o, asyncio.CancelledError) for o in outs)
+        assert b.inflight() == (0, 0)
+
+    asyncio.run(_with_batcher(policy, go, max_wait_ms=1, metrics=metrics))
+    assert policy.seen == ["x0", "x1"]  # the departed client's requests never reached the policy
+    assert "cosmos_robot_batch_size_sum 2\n" in metrics.render()  # only executed requests are counted
+
+
+def test_structure_signature_is_bounded_for_huge_maps() -> None:
+    huge = {f"k{i}": i for i in range(300_000)}
+    t0 = time.perf_counter()
+    sig = structure_signature(huge)
+    assert time.perf_counter() - t0 < 0.05  # not a walk over 300,000 keys
+    assert sig != structure_signature(dict(huge))  # too big to describe: batched alone
+    assert payload_nbytes({"a": np.zeros(1000, np.uint8), "b": "xy"}) >= 1002
+
+
+class HalfNaNPolicy(BatchPolicy):
+    def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        value = [np.nan if o["state"][0] < 0 else 1.0 for o in obs_batch]
+        return [{"actions": np.full((10, 7), v, np.float32), "info": {"ok": 1.0}} for v in value]
+
+
+def test_nonfinite_output_fails_only_that_request_naming_the_key() -> None:
+    async def go(b: DynamicBatcher) -> list[Any]:
+        items = [obs() for _ in range(3)]
+        items[1]["state"][0] = -1
+        return await asyncio.gather(*(b.submit(o, f"c{i}") for i, o in enumerate(items)), return_exceptions=True)
+
+    results = asyncio.run(_with_batcher(HalfNaNPolicy(), go, max_wait_ms=100))
+    assert isinstance(results[1], NonFiniteOutput)
+    assert str(results[1]) == "policy output 'actions' has 70 non-finite values (NaN/inf); refusing to send it"
+    assert isinstance(results[0], tuple) and isinstance(results[2], tuple)
+    assert nonfinite_problem({"a": {"b": [np.ones(2), float("inf")]}}) == "'a/b[1]' is inf (non-finite)"
+    assert nonfinite_problem({"a": np.arange(3), "b": np.ones(2)}) is None
+
+
+def test_session_slots_keep_separate_state() -> None:
+    policy = StepCounterPolicy(2, 2)
+
+    async def go(b: DynamicBatcher) -> list[int]:
+        a, c = SessionSlot(), SessionSlot()
+        for _ in range(3):
+            await b.submit(obs(), "a", session=a)
+        await b.submit(obs(), "c", session=c)
+        after_a = (await b.submit(obs(), "a", session=a))[0]["steps"]
+        return [after_a, (await b.submit(obs(), "c", session=c))[0]["steps"]]
+
+    assert asyncio.run(_with_batcher(policy, go)) == [4, 2]
+
+
+def test_answered_requests_leave_the_inflight_count_at_once() -> None:
+    """A cheap policy answers inline without yielding; its answers must not pile up as in flight."""
+    policy = ConstantBatchPolicy(4, 2)
+
+    async def go(b: DynamicBatcher) -> None:
+        for _ in range(10):
+            await b.submit(obs(), "solo")
+        assert b.inflight("solo") == (0, 0)
+
+    asyncio.run(_with_batcher(policy, go, limits=Limits(max_inflight_per_client=2)))

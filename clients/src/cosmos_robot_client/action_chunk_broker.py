@@ -7,6 +7,12 @@ and hands out ``x[step]`` of every array leaf in between, so a 50 Hz loop replan
 makes 5 requests per second. Unlike openpi's broker it checks that the
 chunk is long enough (a server with a shorter chunk is a clear error, not an IndexError) and
 passes non-array leaves (timings, strings) through unchanged.
+
+It also refuses a chunk holding NaN or infinity in any float array (``NonFiniteActionError``,
+naming the key and the count) before handing out a single step: a checkpoint with NaN weights
+answers with all-NaN chunks, and neither msgpack nor the websocket/ZMQ transports object. The
+server checks its outputs too; this is the last check on the robot computer, so a broken or
+hostile server can never make the robot receive a non-finite command.
 """
 
 from __future__ import annotations
@@ -17,7 +23,36 @@ import numpy as np
 
 from cosmos_robot_client.base_policy import BasePolicy
 
-__all__ = ["ActionChunkBroker"]
+__all__ = ["ActionChunkBroker", "NonFiniteActionError", "check_finite", "non_finite_leaves"]
+
+
+class NonFiniteActionError(ValueError):
+    """A policy reply holds NaN or infinite values: the robot must not receive it."""
+
+
+def non_finite_leaves(tree: Any, prefix: str = "") -> list[tuple[str, int, int]]:
+    """``(key path, non-finite count, size)`` of every float array leaf holding NaN or +-inf."""
+    if isinstance(tree, dict):
+        found: list[tuple[str, int, int]] = []
+        for key, value in tree.items():
+            found.extend(non_finite_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+        return found
+    if isinstance(tree, np.ndarray) and (np.issubdtype(tree.dtype, np.floating) or np.iscomplexobj(tree)):
+        bad = int(tree.size - np.count_nonzero(np.isfinite(tree)))
+        if bad:
+            return [(prefix or "<reply>", bad, int(tree.size))]
+    return []
+
+
+def check_finite(tree: Any, what: str = "policy reply") -> None:
+    """Raise ``NonFiniteActionError`` naming each float array of ``tree`` with NaN/inf values and how many."""
+    bad = non_finite_leaves(tree)
+    if bad:
+        parts = ", ".join(f"{key!r}: {n} of {size} values" for key, n, size in bad)
+        raise NonFiniteActionError(
+            f"{what} has non-finite (NaN or inf) values ({parts}); refused before reaching the robot "
+            "(a checkpoint with NaN weights, or a broken server)"
+        )
 
 
 def _chunk_len(tree: Any) -> int | None:
@@ -61,6 +96,7 @@ class ActionChunkBroker(BasePolicy):
                     f"policy returned a chunk of {length} steps but action_horizon is {self.action_horizon}; "
                     f"lower action_horizon to at most {length}"
                 )
+            check_finite(chunk, f"policy chunk (request {self.requests})")
             self._chunk = chunk
             self._step = 0
         out = _slice(self._chunk, self._step)

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from cosmos_robot.config import format_validation_error
 from cosmos_robot.normalize import FeatureStats
-from cosmos_robot.policies.flow.checkpoint import load_safetensors, save_safetensors
+from cosmos_robot.policies.flow.checkpoint import check_safetensors, load_safetensors, save_safetensors
 from cosmos_robot.policies.flow.configuration_flow import FlowConfig
 from cosmos_robot.policies.flow.modeling_flow import FlowModel
 from cosmos_robot.policies.flow.sampling import sample_actions
@@ -248,6 +248,8 @@ class FlowPolicy(BatchPolicy):
             config = FlowConfig.model_validate(data)
         except ValidationError as exc:
             raise CheckpointError(format_validation_error(exc, FlowConfig, source=str(config_path))) from exc
+        with torch.device("meta"):  # shapes only: a config/weights mismatch fails before any allocation
+            check_safetensors(FlowModel(config), root / WEIGHTS_FILE)
         model = FlowModel(config)
         load_safetensors(model, root / WEIGHTS_FILE)
         model.to(device)

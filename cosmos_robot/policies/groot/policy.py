@@ -9,7 +9,9 @@ that name the file or the missing base model.
 
 A LeRobot GR00T folder is not self-contained: its ``config.json`` names the base model
 (``base_model_path``: ``nvidia/GR00T-N1.7-3B`` or a local folder) that holds the architecture and
-the backbone's config and processor; offline that base must be a local folder or in the HF cache.
+the backbone's config and processor; that base must be a local folder or in the HF cache (fetched only
+with ``allow_download``), and no model it names may ship code unless ``trust_remote_code`` (LeRobot
+loads them with ``trust_remote_code=True``; :mod:`.remote_code` checks first).
 Sampling draws the flow noise from a generator seeded per call (``serve_seed``), so the same batch
 of observations gives the same chunks.
 """
@@ -17,7 +19,6 @@ of observations gives the same chunks.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,8 @@ from cosmos_robot.policies.cuda_graphs import GraphCache, GraphCaptureError, buc
 from cosmos_robot.policies.groot.backbone import FastQwen3Backbone, supports_fast_backbone
 from cosmos_robot.policies.groot.fast import chunk_from_inputs, euler_loop
 from cosmos_robot.policies.groot.processing import install_caching_processor
-from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy
+from cosmos_robot.policies.groot.remote_code import check_remote_code
+from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy, check_processor_states
 from cosmos_robot.policies.registry import CheckpointError, read_json, require_files, torch_dtype
 from cosmos_robot_client.base_policy import BatchPolicy
 
@@ -76,6 +78,8 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
         cuda_graphs: bool = True,
         compile: bool = False,
         gpu_images: bool = False,
+        trust_remote_code: bool = False,
+        allow_download: bool = False,
     ) -> Gr00tPolicy:
         """Load a LeRobot GR00T folder. ``dtype``: cast the weights (``bfloat16``; default: as saved,
         LeRobot's float32, under its bf16 autocast when ``use_bf16``). ``cuda_graphs``: on CUDA the
@@ -84,7 +88,10 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
         every block of every layer stack (vision tower, language model, VL self-attention, DiT).
         ``gpu_images``: on CUDA, LeRobot's VLM encode step resizes and patchifies the camera images
         on the GPU (its own ``device`` setting; folders trained with albumentations keep their cv2
-        path on the CPU). Off by default: LeRobot's default, and not yet measured on the GPU."""
+        path on the CPU). Off by default: LeRobot's default, and not yet measured on the GPU.
+        ``trust_remote_code``: serve a folder whose named models ship Python (``auto_map``), which
+        LeRobot executes; refused by default (:mod:`.remote_code`). ``allow_download``: fetch named
+        hub models missing from the HF cache (never, by default)."""
         root = Path(ckpt_dir)
         weights_dtype = torch_dtype(dtype) if dtype is not None else None
         require_files(root, REQUIRED_FILES, "LeRobot GR00T")
@@ -92,17 +99,14 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
         if raw.get("type") != "groot":
             raise CheckpointError(f"{root / 'config.json'}: 'type' is {raw.get('type')!r}, expected 'groot'")
         base = raw.get("base_model_path")
-        if isinstance(base, str) and base.startswith(("/", ".", "~")):  # a local path, not a hub id
-            if not Path(base).expanduser().is_dir():
-                raise CheckpointError(
-                    f"{root / 'config.json'}: base_model_path {base!r} does not exist; a GR00T folder loads its "
-                    "base model (architecture, backbone config and processor) from there"
-                )
+        # before LeRobot is imported: every model the folder names is local and ships no code
+        check_remote_code(root, raw, trust_remote_code=trust_remote_code, allow_download=allow_download)
+        check_processor_states(root, ("policy_preprocessor.json", "policy_postprocessor.json"))
         from lerobot.policies.factory import make_pre_post_processors
         from lerobot.policies.groot import GrootPolicy
 
         try:
-            policy = GrootPolicy.from_pretrained(str(root), local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1")
+            policy = GrootPolicy.from_pretrained(str(root), local_files_only=not allow_download)
         except (OSError, ValueError, KeyError, RuntimeError) as exc:
             raise CheckpointError(f"{root}: LeRobot could not load this GR00T policy (base {base!r}): {exc}") from exc
         policy.to(device)

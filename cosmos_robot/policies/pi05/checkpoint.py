@@ -12,8 +12,9 @@ A folder as LeRobot 0.6.1 writes it (``PI05Policy.save_pretrained`` + the proces
 Two optional additions that LeRobot ignores:
 
 - ``tokenizer/``: the prompt tokenizer. Released checkpoints name
-  ``google/paligemma-3b-pt-224`` (gated, fetched from the hub); with ``HF_HUB_OFFLINE=1`` it must be
-  in the folder, at a local path, or in the HF cache, and the error says so;
+  ``google/paligemma-3b-pt-224`` (gated); it must be in the folder, at a local path, or in the HF
+  cache: it is fetched from the hub only when asked (``allow_download``, ``serve --allow-download``),
+  so serving never reaches the network by surprise, and the error names the missing tokenizer;
 - ``pi05_architecture.json``: explicit sizes for models that are not the released
   ``gemma_2b`` + ``gemma_300m`` (LeRobot's config can only name those two), e.g. tiny test models.
 
@@ -24,7 +25,6 @@ milliseconds with the file, tensor and both shapes named.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ __all__ = [
     "param_dtype",
     "read_config",
     "save_weights",
+    "tokenizer_name",
 ]
 
 CONFIG_FILE, WEIGHTS_FILE, ARCH_FILE = "config.json", "model.safetensors", "pi05_architecture.json"
@@ -212,32 +213,58 @@ def save_weights(model: Pi05Model, path: Path) -> None:
     save_file(sd, str(path), metadata={"format": "pt"})
 
 
-def find_tokenizer(root: Path) -> Any:
-    """The prompt tokenizer: ``DIR/tokenizer``, else the preprocessor's ``tokenizer_name`` (local path or HF cache)."""
+def find_tokenizer(root: Path, allow_download: bool = False) -> Any:
+    """The prompt tokenizer: ``DIR/tokenizer``, else the preprocessor's ``tokenizer_name`` (a local
+    path, or a hub id from the HF cache; fetched from the hub only with ``allow_download``)."""
     from transformers import AutoTokenizer
 
     local = root / TOKENIZER_DIR
     if local.is_dir():
         try:
-            return AutoTokenizer.from_pretrained(str(local))
-        except (OSError, ValueError) as exc:
+            return AutoTokenizer.from_pretrained(str(local), local_files_only=True)
+        except (OSError, ValueError, TypeError) as exc:
             raise CheckpointError(f"{local}: not a loadable tokenizer folder ({exc})") from exc
+    name = tokenizer_name(root)
+    if name.startswith(("/", ".", "~")) and not Path(name).expanduser().is_dir():
+        raise CheckpointError(
+            f"{root / PREPROCESSOR_FILE}: names the tokenizer folder {name!r}, which does not exist; "
+            f"put the tokenizer in {local}"
+        )
+    try:
+        return AutoTokenizer.from_pretrained(name, local_files_only=not allow_download)
+    except (OSError, ValueError) as exc:
+        if allow_download:
+            raise CheckpointError(
+                f"{root}: the pi05 tokenizer {name!r} named in {PREPROCESSOR_FILE} could not be fetched ({exc}); "
+                f"save it into {local} (AutoTokenizer.from_pretrained({name!r}).save_pretrained(...))"
+            ) from exc
+        raise CheckpointError(_missing_tokenizer(root, name)) from exc
+
+
+def tokenizer_name(root: Path) -> str:
+    """The ``tokenizer_name`` of the preprocessor's tokenizer step (a hub id or a local path)."""
     name = None
     for step in read_json(root / PREPROCESSOR_FILE).get("steps", []):
         if isinstance(step, dict) and isinstance(step.get("config"), dict) and "tokenizer_name" in step["config"]:
             name = step["config"]["tokenizer_name"]
-    if not name:
+    if not isinstance(name, str) or not name:
         raise CheckpointError(
-            f"{root}: no tokenizer: put the tokenizer files in {local} (its {PREPROCESSOR_FILE} names none)"
+            f"{root}: no tokenizer: put the tokenizer files in {root / TOKENIZER_DIR} "
+            f"(its {PREPROCESSOR_FILE} names none)"
         )
-    try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1")
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(
-            f"{root}: the tokenizer {name!r} named in {PREPROCESSOR_FILE} is not available "
-            f"(offline: {os.environ.get('HF_HUB_OFFLINE') == '1'}): save it into {local} "
-            f"(AutoTokenizer.from_pretrained({name!r}).save_pretrained(...)) or into the HF cache ({exc})"
-        ) from exc
+    return name
+
+
+def _missing_tokenizer(root: Path, name: str) -> str:
+    """Which tokenizer is missing, where it was looked for, and the two ways to provide it."""
+    from huggingface_hub import constants
+
+    cache = Path(constants.HF_HUB_CACHE) / ("models--" + name.replace("/", "--"))
+    return (
+        f"pi05 tokenizer {name!r} (named in {root / PREPROCESSOR_FILE}) is not in the local Hugging Face cache "
+        f"(looked for tokenizer.json/tokenizer.model under {cache}); pass --allow-download to fetch it "
+        f"(Python: allow_download=True), or put the tokenizer in the checkpoint folder ({root / TOKENIZER_DIR})"
+    )
 
 
 def write_architecture(root: Path, arch: Pi05Architecture) -> None:

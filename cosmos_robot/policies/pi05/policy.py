@@ -31,9 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from cosmos_robot.policies.cuda_graphs import GraphCaptureError
-from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy
+from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy, check_processor_states
 from cosmos_robot.policies.pi05.checkpoint import (
     CONFIG_FILE,
+    POSTPROCESSOR_FILE,
+    PREPROCESSOR_FILE,
     TOKENIZER_DIR,
     WEIGHTS_FILE,
     architecture_from_config,
@@ -202,6 +204,7 @@ class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
         compile: bool | str = False,
         trim_prompt: bool = False,
         attention: str = "auto",
+        allow_download: bool = False,
     ) -> Pi05Policy:
         """Load a LeRobot pi05 folder (see ``checkpoint``). ``dtype`` defaults to the config's ``dtype``;
         in bfloat16, ``precision="mixed"`` keeps the vision path, the norms and the action projections
@@ -213,13 +216,15 @@ class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
         outputs), at the price of one more graph, and compile, per prompt-length bucket: for servers
         with stable prompts (docs/pi05.md). ``attention``: ``"sdpa"``, ``"math"``
         (``Pi05Model.set_attention``) or ``"auto"``: math when compiled under the graphs (Inductor
-        fuses it: 21.0 against 32.4 ms per chunk on an H200), SDPA otherwise."""
+        fuses it: 21.0 against 32.4 ms per chunk on an H200), SDPA otherwise. ``allow_download``:
+        fetch a tokenizer named by hub id that is not in the HF cache (never, by default)."""
         root = Path(ckpt_dir)
         check_folder(root)
         raw = read_config(root)
         arch = architecture_from_config(root, raw)
+        check_processor_states(root, (PREPROCESSOR_FILE, POSTPROCESSOR_FILE))
         lr_config = _lerobot_config(root)
-        tokenizer = find_tokenizer(root)
+        tokenizer = find_tokenizer(root, allow_download)
         if len(tokenizer) > arch.vocab_size:
             raise CheckpointError(
                 f"{root}: the tokenizer has {len(tokenizer)} tokens but the embedding only {arch.vocab_size}"

@@ -19,7 +19,8 @@ How a run goes (``EpisodeScheduler(venv, replan_steps=R).episodes(specs, hooks)`
 3. every live env takes one step (a masked ``step``) with the head of its queue;
 4. an episode ends when its env terminates or truncates; a step whose worker crashed, hung or raised
    is not counted as a step and ends the episode as an *infrastructure* failure
-   (``outcome.infra_failure``: not the policy's fault; RL drops it, eval reports it apart).
+   (``outcome.infra_failure``: not the policy's fault; RL drops it, eval reports it apart and runs
+   the episode again with its seed).
 
 Aligned starts (``align_starts=True``, the default): a freed slot waits for the next replan boundary
 (control steps since the envs were last all idle, modulo ``R``) before it takes a new episode. An env

@@ -4,15 +4,29 @@ Why: a GPU policy costs nearly the same for 1 or 16 observations, and evaluation
 environments at once. openpi's server calls the model once per request inside its event loop, so
 16 clients wait in line (openpi #399).
 
-How: requests land in one queue. A single consumer takes the first request and waits for more
-until the batch is full, ``max_wait_ms`` has passed, or every client expected to join is already in
-the batch. A client is expected when it is *prompt*: its think time (from our reply to its next
-request, smoothed) is below ``max_wait_ms``, as for simulators stepped in lockstep. So a lone
-client never waits (its latency stays the single-request cost), robots that think for tens of
-milliseconds between requests are not waited for, and lockstep evaluators fill batches. The batch is
-split into groups of identical structure (keys, shapes, dtypes) so a policy can stack them, and
-each group runs in ONE worker thread: the event loop stays free to answer pings and other
-connections, and the model is never entered from two threads at once.
+How: each client's requests wait in its own FIFO queue. A single consumer takes the first request
+and waits for more until the batch is full, ``max_wait_ms`` has passed, or every client expected
+to join is already in the batch. A client is expected when it is *prompt*: its think time (from
+our reply to its next request, smoothed) is below ``max_wait_ms``, as for simulators stepped in
+lockstep. So a lone client never waits (its latency stays the single-request cost), robots that
+think for tens of milliseconds between requests are not waited for, and lockstep evaluators fill
+batches. The batch is split into groups of identical structure (keys, shapes, dtypes) so a policy
+can stack them, and each group runs in ONE worker thread: the event loop stays free to answer
+pings and other connections, and the model is never entered from two threads at once.
+
+Why per-client queues served round-robin: with one shared FIFO, a client that queues 3,200
+requests puts everybody else's next request behind all of them (4.5 s measured). Taking one
+request per client in turn, a flood costs another client at most about one batch. Admission is
+bounded the same way (``Limits``): requests in flight per client and in total, and their bytes,
+are capped, and the excess is refused at once with ``ServerBusy`` (429 for one client over its
+share, 503 for a full server) instead of growing memory without bound (150 x 8 MiB requests took
+a server from 88 MB to 2.5 GB). A request whose future is cancelled (its client left, or
+``forget`` dropped it) is skipped, so work of departed clients never reaches the policy, and
+batch-size metrics count only the requests that ran.
+
+The structure signature that groups requests is bounded (``_SIGNATURE_BUDGET`` nodes): a request
+too large to describe cheaply is simply batched alone, so grouping never walks a 3-million-key map
+on the event loop.
 
 A batch-capable policy (``infer_batch``) gets the whole group; any other policy is called per
 request. A policy that declares ``cheap_inference`` (scripted, constant or lookup policies that
@@ -21,18 +35,26 @@ answer in microseconds) is called on the event loop itself, saving the two threa
 queue too. Should such a call ever take longer than ``_INLINE_LIMIT_S``, the policy is moved to
 the worker thread for good, so a wrong declaration cannot stall the loop twice.
 
+A *session-aware* policy (one with ``new_session()``) keeps per-client episode state: each request
+carries a ``SessionSlot``; the state is made by ``new_session()`` on the policy thread at first use
+and passed as ``infer(obs, session=state)`` / ``infer_batch(obs_batch, sessions=[...])``. The core
+decides which slot a request uses (see ``core.py``).
+
 If a batched call raises, the group is retried one by one so only the offending request fails
-and the others are still answered.
+and the others are still answered. Every reply is checked for NaN/inf in its numeric values before
+it leaves (``NonFiniteOutput``): a robot must never be sent a NaN action.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 import threading
 import time
-import traceback
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,13 +64,28 @@ import numpy as np
 from cosmos_robot_client.base_policy import BasePolicy, supports_batch
 from cosmos_robot_server.metrics import Metrics
 
-__all__ = ["DynamicBatcher", "PolicyError", "Timing"]
+__all__ = [
+    "DynamicBatcher",
+    "Limits",
+    "NonFiniteOutput",
+    "PolicyError",
+    "ServerBusy",
+    "SessionSlot",
+    "Timing",
+    "nonfinite_problem",
+    "payload_nbytes",
+    "structure_signature",
+]
 
 log = logging.getLogger(__name__)
 
 _ACTIVE_WINDOW_S = 1.0  # a client silent for this long is no longer expected in a batch
 _THINK_EMA = 0.3  # smoothing of each client's think time
 _INLINE_LIMIT_S = 0.005  # a "cheap" policy slower than this goes back to the worker thread
+_SIGNATURE_BUDGET = 256  # nodes a structure signature visits; a bigger request is batched alone
+_NBYTES_BUDGET = 4096  # nodes payload_nbytes visits; the rest is charged _ENTRY_BYTES each
+_ENTRY_BYTES = 64  # rough cost of one Python object in a decoded container
+_OUTPUT_CHECK_DEPTH = 4  # nesting of reply maps / lists searched for NaN
 
 
 @dataclass
@@ -59,7 +96,41 @@ class _ClientState:
 
 
 class PolicyError(RuntimeError):
-    """The policy itself raised; the message carries the policy's traceback summary."""
+    """The policy itself raised; the message names the exception in one line (the traceback is logged)."""
+
+
+class NonFiniteOutput(PolicyError):
+    """The policy answered NaN or inf; the reply is refused instead of being sent to a robot."""
+
+
+class ServerBusy(RuntimeError):
+    """Admission refused: one client (``status`` 429) or the whole server (503) has too much in flight."""
+
+    def __init__(self, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Admission caps; ``None`` is unlimited. "In flight" = admitted and not yet answered."""
+
+    max_inflight_per_client: int | None = None
+    max_inflight_bytes_per_client: int | None = None
+    max_queued_requests: int | None = None
+    max_queued_bytes: int | None = None
+
+
+class SessionSlot:
+    """One client's episode state for a session-aware policy; made on the policy thread at first use.
+
+    A reset replaces the slot (the core does that), so requests already queued finish on the old state."""
+
+    __slots__ = ("made", "state")
+
+    def __init__(self) -> None:
+        self.state: Any = None
+        self.made = False
 
 
 @dataclass
@@ -74,27 +145,88 @@ class _Item:
     obs: dict[str, Any]
     client_id: str
     future: asyncio.Future[tuple[dict[str, Any], Timing]]
+    nbytes: int = 0
+    session: SessionSlot | None = None
+    signature: Hashable = None
     t_enqueue: float = field(default_factory=time.perf_counter)
+    held: bool = False  # counted in flight (``_hold``) and not yet released
+    count: int = 1  # requests it counts as (0: its raw message's reservation counts it)
 
 
-def structure_signature(value: Any, depth: int = 0) -> Any:
-    """A hashable description of keys, shapes and dtypes; equal signatures can be stacked."""
-    if depth > 8:
+def structure_signature(value: Any) -> Hashable:
+    """A hashable description of keys, shapes and dtypes; equal signatures can be stacked.
+
+    Bounded: after ``_SIGNATURE_BUDGET`` nodes (or a map with more keys than that) it gives up and
+    returns a signature unique to this object, so the request runs alone instead of being walked."""
+    budget = [_SIGNATURE_BUDGET]
+    sig = _signature(value, 0, budget)
+    return sig if budget[0] >= 0 else ("alone", id(value))
+
+
+def _signature(value: Any, depth: int, budget: list[int]) -> Hashable:
+    budget[0] -= 1
+    if budget[0] < 0 or depth > 8:
         return "..."
     if isinstance(value, np.ndarray):
         return ("nd", value.shape, value.dtype.str)
     if isinstance(value, dict):
-        return tuple(sorted((str(k), structure_signature(v, depth + 1)) for k, v in value.items()))
+        if len(value) > budget[0]:
+            budget[0] = -1
+            return "..."
+        return tuple(sorted((str(k), _signature(v, depth + 1, budget)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
-        return ("seq", len(value), tuple(structure_signature(v, depth + 1) for v in value[:16]))
+        return ("seq", len(value), tuple(_signature(v, depth + 1, budget) for v in value[:16]))
     return type(value).__name__
 
 
-def _group(items: list[_Item]) -> dict[Any, list[_Item]]:
-    groups: dict[Any, list[_Item]] = {}
-    for item in items:
-        groups.setdefault(structure_signature(item.obs), []).append(item)
-    return groups
+def payload_nbytes(value: Any) -> int:
+    """Memory an observation holds: array data, strings and bytes, plus ``_ENTRY_BYTES`` per entry.
+
+    Bounded like the signature: past ``_NBYTES_BUDGET`` nodes, entries are charged ``_ENTRY_BYTES``
+    each from their container's length, without visiting them."""
+    total = 0
+    budget = _NBYTES_BUDGET
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        budget -= 1
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+        elif isinstance(v, (bytes, bytearray, str)):
+            total += len(v)
+        elif isinstance(v, (dict, list, tuple)):
+            total += _ENTRY_BYTES * len(v)
+            if budget > len(v):
+                stack.extend(v.values() if isinstance(v, dict) else v)
+        else:
+            total += _ENTRY_BYTES
+    return total
+
+
+def nonfinite_problem(value: Any, path: str = "", depth: int = 0) -> str | None:
+    """``"'actions' has 70 non-finite values (NaN/inf)"`` for the first reply value holding NaN/inf."""
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
+        arr = np.asarray(value)
+        if arr.dtype.kind in "fc":
+            bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+            if bad:
+                return f"{path or '<reply>'!r} has {bad} non-finite value{'s' if bad > 1 else ''} (NaN/inf)"
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path or '<reply>'!r} is {value} (non-finite)"
+    if depth >= _OUTPUT_CHECK_DEPTH:
+        return None
+    if isinstance(value, dict):
+        items: Any = ((f"{path}/{k}" if path else str(k), v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
+    else:
+        return None
+    for sub_path, sub in items:
+        problem = nonfinite_problem(sub, sub_path, depth + 1)
+        if problem is not None:
+            return problem
+    return None
 
 
 class DynamicBatcher:
@@ -107,24 +239,31 @@ class DynamicBatcher:
         max_batch_size: int = 16,
         max_wait_ms: float = 10.0,
         metrics: Metrics | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
         self.metrics = metrics or Metrics()
+        self.limits = limits or Limits()
         self.batched = supports_batch(policy)
+        self.session_aware = callable(getattr(policy, "new_session", None))
         self.inline = bool(getattr(policy, "cheap_inference", False))
         self._loop_thread: int | None = None
         self._busy = False
         self._free_since = 0.0  # when the last policy call ended
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
-        self._queue: asyncio.Queue[_Item] | None = None
+        self._waiting: OrderedDict[str, deque[_Item]] = OrderedDict()  # per-client FIFOs, round-robin order
+        self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._clients: dict[str, _ClientState] = {}
+        self._inflight: dict[str, list[int]] = {}  # client -> [requests, bytes] admitted, not yet answered
+        self._total = [0, 0]  # the same over all clients
+        self._reserved: dict[str, int] = {}  # client -> raw messages its transport reserved (``reserve``)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._arrived = asyncio.Event()
         self._loop_thread = threading.get_ident()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
 
@@ -138,41 +277,53 @@ class DynamicBatcher:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- requests --------------------------------------------------------------------------
-    async def submit(self, obs: dict[str, Any], client_id: str) -> tuple[dict[str, Any], Timing]:
+    async def submit(
+        self, obs: dict[str, Any], client_id: str, *, nbytes: int | None = None, session: SessionSlot | None = None
+    ) -> tuple[dict[str, Any], Timing]:
         """Queue one validated observation; resolves to (result dict, timing)."""
-        (out,) = await self.submit_many([obs], client_id)
+        (out,) = await self.submit_many(
+            [obs], client_id, nbytes=None if nbytes is None else [nbytes], sessions=[session]
+        )
         if isinstance(out, BaseException):
             raise out
         return out
 
     async def submit_many(
-        self, obs_list: Sequence[dict[str, Any]], client_id: str
+        self,
+        obs_list: Sequence[dict[str, Any]],
+        client_id: str,
+        *,
+        nbytes: Sequence[int] | None = None,
+        sessions: Sequence[SessionSlot | None] | None = None,
     ) -> list[tuple[dict[str, Any], Timing] | BaseException]:
         """Queue several observations of ONE client (a vectorised evaluator's batch request).
 
-        They count as one arrival of that client for think-time tracking and land in the queue
-        together, so they share policy calls; each entry is a result or that item's exception.
+        They are admitted or refused together (``ServerBusy``), count as one arrival of that client
+        for think-time tracking and land in its queue together, so they share policy calls; each
+        entry is a result or that item's exception. ``nbytes`` defaults to ``payload_nbytes``.
         """
-        if self._queue is None:
+        if self._arrived is None:
             raise RuntimeError("DynamicBatcher.start() was not called")
+        sizes = list(nbytes) if nbytes is not None else [payload_nbytes(o) for o in obs_list]
+        reserved = bool(self._reserved.get(client_id))  # admitted by ``reserve`` already
+        if not reserved:
+            self._admit(client_id, len(obs_list), sum(sizes))
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
-        state = self._clients.get(client_id)
-        if state is None:
-            state = self._clients[client_id] = _ClientState(last_seen=now)
-        else:
-            state.last_seen = now
-            if state.last_reply is not None:
-                think = now - state.last_reply
-                ema = state.think_ema_s
-                state.think_ema_s = think if ema is None else (1 - _THINK_EMA) * ema + _THINK_EMA * think
-        items = [_Item(obs, client_id, loop.create_future()) for obs in obs_list]
-        if self.inline and not self._busy and self._queue.empty() and not self._missing_peers(now, items):
+        state = self._arrival(client_id, now)
+        slots = list(sessions) if sessions is not None else [None] * len(obs_list)
+        items = [
+            _Item(obs, client_id, loop.create_future(), size, slot, structure_signature(obs), count=int(not reserved))
+            for obs, size, slot in zip(obs_list, sizes, slots)
+        ]
+        for item in items:
+            self._hold(item)
+        if self.inline and not self._busy and not self._waiting and not self._missing_peers(now, items):
             for group in _group(items).values():  # lone client, cheap policy: no queue, no thread hop
                 self._execute_inline(group)
         else:
-            for item in items:
-                self._queue.put_nowait(item)
+            self._waiting.setdefault(client_id, deque()).extend(items)
+            self._arrived.set()
         try:
             if len(items) == 1:  # the common case: skip gather's bookkeeping
                 try:
@@ -187,9 +338,122 @@ class DynamicBatcher:
         """Run ``fn`` on the policy thread, serialised with inference (used for ``reset``)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
-    def forget(self, client_id: str) -> None:
-        """A connection closed: stop counting it as an expected batch member."""
+    def forget(self, client_id: str) -> int:
+        """A connection closed: drop its queued requests (never run) and stop expecting it in batches.
+
+        Returns how many queued requests were dropped; their futures are cancelled."""
         self._clients.pop(client_id, None)
+        queued = self._waiting.pop(client_id, None) or ()
+        dropped = 0
+        for item in queued:
+            if item.future.cancel():
+                dropped += 1
+        return dropped
+
+    def reserve(self, client_id: str, nbytes: int) -> Callable[[], None]:
+        """Admit one request of ``nbytes`` not yet decoded against every cap (``ServerBusy`` if over).
+
+        For transports whose peers need not wait for replies (ZMQ): reserve each raw message before
+        decoding it and call the returned release (idempotent) once it is answered, so a flood is
+        refused per client before any decoding. While a client holds reservations, its decoded
+        requests were admitted already: they are not refused again, and count only their bytes (the
+        decoded copy is memory too, and bounds later reservations)."""
+        self._admit(client_id, 1, nbytes)
+        held = self._inflight.setdefault(client_id, [0, 0])
+        held[0] += 1
+        held[1] += nbytes
+        self._total[0] += 1
+        self._total[1] += nbytes
+        self._reserved[client_id] = self._reserved.get(client_id, 0) + 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._unhold(client_id, 1, nbytes)
+                left = self._reserved.pop(client_id, 0) - 1
+                if left > 0:
+                    self._reserved[client_id] = left
+
+        return release
+
+    def inflight(self, client_id: str | None = None) -> tuple[int, int]:
+        """(requests, bytes) admitted and not yet answered, of one client or of all."""
+        if client_id is None:
+            return self._total[0], self._total[1]
+        count, size = self._inflight.get(client_id, (0, 0))
+        return count, size
+
+    # -- admission -------------------------------------------------------------------------
+    def _admit(self, client_id: str, n: int, nbytes: int) -> None:
+        """Refuse (``ServerBusy``) ``n`` more requests of ``nbytes`` if they would exceed a cap."""
+        lim = self.limits
+        count, size = self.inflight(client_id)
+        more = f" and sent {n} more" if n > 1 else ""
+        total, total_bytes = self._total
+        if lim.max_inflight_per_client is not None and count + n > lim.max_inflight_per_client:
+            raise ServerBusy(
+                f"server busy: client {client_id} has {count} requests in flight{more} "
+                f"(max_inflight_per_client={lim.max_inflight_per_client}); wait for replies before sending more",
+                status=429,
+            )
+        if lim.max_queued_requests is not None and total + n > lim.max_queued_requests:
+            raise ServerBusy(
+                f"server busy: {total} requests in flight (max_queued_requests={lim.max_queued_requests}); retry later",
+                status=503,
+            )
+        if lim.max_inflight_bytes_per_client is not None and size + nbytes > lim.max_inflight_bytes_per_client:
+            raise ServerBusy(
+                f"server busy: client {client_id} has {size} bytes of requests in flight and sent {nbytes} more "
+                f"(max_inflight_bytes_per_client={lim.max_inflight_bytes_per_client})",
+                status=429,
+            )
+        if lim.max_queued_bytes is not None and total_bytes + nbytes > lim.max_queued_bytes:
+            raise ServerBusy(
+                f"server busy: {total_bytes} bytes of requests in flight "
+                f"(max_queued_bytes={lim.max_queued_bytes}); retry later",
+                status=503,
+            )
+
+    def _hold(self, item: _Item) -> None:
+        """Count the item in flight until its future is done (answered, failed or cancelled)."""
+        held = self._inflight.setdefault(item.client_id, [0, 0])
+        held[0] += item.count
+        held[1] += item.nbytes
+        self._total[0] += item.count
+        self._total[1] += item.nbytes
+        item.held = True
+        item.future.add_done_callback(functools.partial(self._release, item))
+
+    def _release(self, item: _Item, _future: Any = None) -> None:
+        """Called when the item is settled (at once) and again by its future's done callback (which
+        also covers cancellation); only the first call counts."""
+        if item.held:
+            item.held = False
+            self._unhold(item.client_id, item.count, item.nbytes)
+
+    def _unhold(self, client_id: str, count: int, nbytes: int) -> None:
+        held = self._inflight.get(client_id)
+        if held is not None:
+            held[0] -= count
+            held[1] -= nbytes
+            if held[0] <= 0 and held[1] <= 0:
+                del self._inflight[client_id]
+        self._total[0] -= count
+        self._total[1] -= nbytes
+
+    def _arrival(self, client_id: str, now: float) -> _ClientState:
+        state = self._clients.get(client_id)
+        if state is None:
+            state = self._clients[client_id] = _ClientState(last_seen=now)
+            return state
+        state.last_seen = now
+        if state.last_reply is not None:
+            think = now - state.last_reply
+            ema = state.think_ema_s
+            state.think_ema_s = think if ema is None else (1 - _THINK_EMA) * ema + _THINK_EMA * think
+        return state
 
     # -- consumer --------------------------------------------------------------------------
     def _missing_peers(self, now: float, batch: list[_Item]) -> int:
@@ -204,26 +468,50 @@ class DynamicBatcher:
             if cid not in members and st.think_ema_s is not None and st.think_ema_s <= self.max_wait_s
         )
 
+    def _pop(self) -> _Item | None:
+        """The next live request, one client at a time in turn (round-robin over the client FIFOs)."""
+        while self._waiting:
+            client_id, fifo = next(iter(self._waiting.items()))
+            item = fifo.popleft()
+            if fifo:
+                self._waiting.move_to_end(client_id)
+            else:
+                del self._waiting[client_id]
+            if not item.future.done():  # cancelled: its client left or its request timed out
+                return item
+        return None
+
+    async def _wait_arrival(self, timeout: float | None) -> bool:
+        assert self._arrived is not None
+        self._arrived.clear()  # nothing can arrive between the caller's empty _pop() and here
+        if timeout is None:
+            await self._arrived.wait()
+            return True
+        try:
+            await asyncio.wait_for(self._arrived.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
     async def _collect(self) -> list[_Item]:
-        assert self._queue is not None
-        first = await self._queue.get()
+        first = self._pop()
+        while first is None:
+            await self._wait_arrival(None)
+            first = self._pop()
         batch = [first]
         # The window opens when the policy became free, not when `first` was queued: a request that
         # arrived during the previous call would otherwise leave at once, alone, while its peers
         # arrive a moment later -- batches would alternate (3, 1, 3, 1) instead of filling.
         deadline = max(first.t_enqueue, self._free_since) + self.max_wait_s
         while len(batch) < self.max_batch_size:
-            try:
-                batch.append(self._queue.get_nowait())
+            item = self._pop()
+            if item is not None:
+                batch.append(item)
                 continue
-            except asyncio.QueueEmpty:
-                pass
             now = time.perf_counter()
             if not self._missing_peers(now, batch) or now >= deadline:
                 break
-            try:
-                batch.append(await asyncio.wait_for(self._queue.get(), deadline - now))
-            except asyncio.TimeoutError:
+            if not await self._wait_arrival(deadline - now):
                 break
         return batch
 
@@ -260,10 +548,13 @@ class DynamicBatcher:
 
     # -- worker thread ---------------------------------------------------------------------
     def _execute(self, loop: asyncio.AbstractEventLoop, group: list[_Item]) -> None:
+        group = [it for it in group if not it.future.done()]  # cancelled while waiting for this thread
+        if not group:
+            return
         t0 = time.perf_counter()
         if self.batched and len(group) > 1:
             try:
-                results = self.policy.infer_batch([it.obs for it in group])  # type: ignore[attr-defined]
+                results = self._call_batch(group)
                 if not isinstance(results, (list, tuple)) or len(results) != len(group):
                     raise PolicyError(
                         f"infer_batch returned {type(results).__name__} of length "
@@ -279,16 +570,34 @@ class DynamicBatcher:
         for it in group:
             t1 = time.perf_counter()
             try:
-                if self.batched:
-                    res = self.policy.infer_batch([it.obs])[0]  # type: ignore[attr-defined]
-                else:
-                    res = self.policy.infer(it.obs)
+                res = self._call_batch([it])[0] if self.batched else self._call_one(it)
                 err = None
             except Exception as exc:  # noqa: BLE001 - reported to that client only
                 res, err = None, exc
             infer_ms = (time.perf_counter() - t1) * 1000
             self._record_call(1, infer_ms)
             self._resolve(loop, it, res, err, t1, infer_ms, 1)
+
+    def _session_state(self, item: _Item) -> Any:
+        if item.session is None:  # no slot from the core (direct use, warm-up): a scratch session
+            item.session = SessionSlot()
+        slot = item.session
+        if not slot.made:
+            slot.state = self.policy.new_session()  # type: ignore[attr-defined]
+            slot.made = True
+        return slot.state
+
+    def _call_batch(self, group: list[_Item]) -> Any:
+        obs_batch = [it.obs for it in group]
+        if self.session_aware:
+            sessions = [self._session_state(it) for it in group]
+            return self.policy.infer_batch(obs_batch, sessions=sessions)  # type: ignore[attr-defined]
+        return self.policy.infer_batch(obs_batch)  # type: ignore[attr-defined]
+
+    def _call_one(self, item: _Item) -> Any:
+        if self.session_aware:
+            return self.policy.infer(item.obs, session=self._session_state(item))  # type: ignore[call-arg]
+        return self.policy.infer(item.obs)
 
     def _record_call(self, size: int, infer_ms: float) -> None:
         self.metrics.observe("cosmos_robot_batch_size", size)
@@ -306,9 +615,15 @@ class DynamicBatcher:
     ) -> None:
         if error is None and not isinstance(result, dict):
             error = PolicyError(f"policy returned {type(result).__name__}, expected a dict like {{'actions': ...}}")
+        if error is None:
+            problem = nonfinite_problem(result)
+            if problem is not None:
+                log.error("policy output refused: %s", problem)
+                error = NonFiniteOutput(f"policy output {problem}; refusing to send it")
         if error is not None and not isinstance(error, PolicyError):
-            tb = "".join(traceback.format_exception(type(error), error, error.__traceback__))
-            error = PolicyError(f"policy raised {type(error).__name__}: {error}\n{tb}")
+            # the traceback stays in the server log; the client gets one line naming the exception
+            log.error("policy raised %s", type(error).__name__, exc_info=error)
+            error = PolicyError(f"policy raised {type(error).__name__}: {' '.join(str(error).split())}")
         timing = Timing(queue_ms=(t_start - item.t_enqueue) * 1000, infer_ms=infer_ms, batch_size=batch_size)
 
         def settle() -> None:
@@ -318,8 +633,16 @@ class DynamicBatcher:
                 item.future.set_exception(error)
             else:
                 item.future.set_result((result, timing))
+            self._release(item)  # now, not at the done callback: an inline answer does not yield
 
         if threading.get_ident() == self._loop_thread:
             settle()
         else:
             loop.call_soon_threadsafe(settle)
+
+
+def _group(items: list[_Item]) -> dict[Hashable, list[_Item]]:
+    groups: dict[Hashable, list[_Item]] = {}
+    for item in items:
+        groups.setdefault(item.signature, []).append(item)
+    return groups

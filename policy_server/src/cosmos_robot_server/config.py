@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cosmos_robot_client.codec import DecodeLimits
+
 __all__ = ["ServerConfig"]
 
 _TRANSPORTS = ("ws", "zmq", "http")
@@ -26,6 +28,11 @@ class ServerConfig:
     api_key: str | None = None  # required on websocket/HTTP (Authorization: Api-Key) and ZMQ (api_token) when set
     max_message_bytes: int = 64 * 1024 * 1024  # larger requests are refused before decoding
     enable_kill: bool = False  # allow GR00T's `kill` endpoint to stop the server
+    # GR00T client generation for get_modality_config replies (N1.5 reads a JSON string, N1.6+ a map):
+    # auto = learn it from each ZMQ peer's other requests, else from the last peer seen, else n1.6
+    groot_generation: str = "auto"
+    # cosmos-framework dialect errors: "http" = a 4xx/5xx status; "in_body" = 200 with {"action": [], "error"}
+    cosmos_errors: str = "http"
     ping_interval_s: float | None = 20.0  # websocket keepalive ping period; None disables
     ping_timeout_s: float | None = 60.0  # drop a peer whose pong is this late; None disables
     request_timeout_s: float | None = None  # fail a request whose inference takes longer; None = no limit
@@ -33,6 +40,26 @@ class ServerConfig:
     # batch sizes run once on the policy's example observation before the server reports ready
     # (compilation and CUDA graph captures happen then, not in a client's first requests)
     warmup_batches: tuple[int, ...] = ()
+    # -- admission, fairness and sessions (issue 15, core/batcher side): one client cannot stall
+    # or exhaust the others; "in flight" = admitted and not yet answered (queued or running)
+    max_inflight_per_client: int = 256  # requests one connection may have in flight; more get "server busy" (429)
+    max_inflight_bytes_per_client: int = 256 * 1024 * 1024  # their observation bytes; more get "server busy" (429)
+    max_queued_requests: int = 4096  # requests in flight across all clients; more get "server busy" (503)
+    max_queued_bytes: int = 1024 * 1024 * 1024  # their observation bytes; more get "server busy" (503)
+    max_client_batch: int = 256  # observations in one client-side batch request ({"batch": [...]})
+    max_sessions: int = 4096  # per-client states of a session-aware policy kept; least recently used go first
+    # CPython's GIL hand-off period while serving, in ms (CPython's default is 5): a thread decoding a
+    # big request then delays the event loop at most this long per hand-off; None leaves it alone
+    gil_switch_interval_ms: float | None = 0.5
+
+    # -- wire limits (issue 15, transport side): what one connection may cost before its request is
+    # decoded; a request over a decode bound is refused with a CodecLimitError naming it
+    max_connections: int = 256  # open connections per transport (ZMQ: connected peers); more get "server busy"
+    max_map_keys: int = 1024  # keys in one msgpack map of a request (a LIBERO request has ~5, a GR00T batch ~20)
+    max_elements: int = 100_000  # msgpack objects in one request (an array is one); HTTP JSON: its commas
+    max_nesting_depth: int = 32  # nesting of maps/lists in one request
+    header_timeout_s: float = 10.0  # whole HTTP request head / websocket handshake must arrive within this
+    body_timeout_s: float = 60.0  # whole HTTP request body must arrive within this (a trickle cannot hold a thread)
 
     def __post_init__(self) -> None:
         self.transports = tuple(self.transports)
@@ -55,5 +82,53 @@ class ServerConfig:
             raise ValueError(
                 f"ServerConfig.warmup_batches: {bad} not batch sizes between 1 and max_batch_size={self.max_batch_size}"
             )
+        self._check_admission()
+        for name, choices in (("groot_generation", ("auto", "n1.5", "n1.6")), ("cosmos_errors", ("http", "in_body"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"ServerConfig.{name}: {getattr(self, name)!r}; choose from {list(choices)}")
+        self._check_wire_limits()
         if self.api_key is not None and not self.api_key:
             raise ValueError("ServerConfig.api_key: empty string; pass None to disable authentication")
+
+    def _check_admission(self) -> None:
+        for name in (
+            "max_inflight_per_client",
+            "max_inflight_bytes_per_client",
+            "max_queued_requests",
+            "max_queued_bytes",
+            "max_client_batch",
+            "max_sessions",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ServerConfig.{name}: must be an integer >= 1, got {value!r}")
+        if self.max_client_batch > self.max_inflight_per_client:
+            raise ValueError(
+                f"ServerConfig.max_client_batch={self.max_client_batch} exceeds "
+                f"max_inflight_per_client={self.max_inflight_per_client}: such a batch could never be admitted"
+            )
+        switch = self.gil_switch_interval_ms
+        if switch is not None and not 0 < switch <= 100:
+            raise ValueError(f"ServerConfig.gil_switch_interval_ms: must be in (0, 100] ms or None, got {switch}")
+        if self.max_inflight_per_client > self.max_queued_requests:
+            raise ValueError(
+                f"ServerConfig.max_inflight_per_client={self.max_inflight_per_client} exceeds "
+                f"max_queued_requests={self.max_queued_requests}"
+            )
+
+    def _check_wire_limits(self) -> None:
+        for name in ("max_connections", "max_map_keys", "max_elements", "max_nesting_depth"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"ServerConfig.{name}: must be an integer >= 1, got {value!r}")
+        for name in ("header_timeout_s", "body_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ValueError(f"ServerConfig.{name}: must be a number of seconds > 0, got {value!r}")
+
+    @property
+    def decode_limits(self) -> DecodeLimits:
+        """The codec bounds every transport decodes requests with."""
+        return DecodeLimits(
+            max_map_keys=self.max_map_keys, max_elements=self.max_elements, max_depth=self.max_nesting_depth
+        )

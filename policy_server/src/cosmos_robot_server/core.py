@@ -4,27 +4,69 @@ Transports (websocket, ZMQ, HTTP) only translate their wire format to a plain ob
 and back; the rules live here once, so a request is checked the same way whichever door it
 came through, and one client's bad payload is answered with an error that names the field
 without ever reaching the model (and so without disturbing anybody else's batch).
+
+Entry points for transports (all on the server's event loop):
+
+- ``await core.infer(obs, transport=, client_id=)``: validate (in a worker thread when the map is
+  large, so a 3-million-key map never blocks the loop), admit (per-client and global in-flight
+  caps: ``RequestError`` 429/503 "server busy: ..."), batch, run, check the reply is finite;
+- ``await core.infer_many(batch, transport=, client_id=)``: a client-side batch of at most
+  ``max_client_batch`` observations, admitted or refused as a whole;
+- ``await core.validate_async(obs)``: the same check as ``validate``, off the loop when large;
+- ``await core.reset(client_id=, session=)``: a client's episode boundary (see sessions below);
+  ``core.reset()`` with no arguments resets the policy for everybody (operators, tests);
+- ``core.connection_closed(client_id)``: cancels that client's queued requests (they never reach
+  the policy) and drops its sessions;
+- ``release = core.reserve(client_id, len(message), transport=)`` before decoding a message, and
+  ``release()`` once it is answered: the raw message is admitted as one request of its size
+  against the per-client and global caps (``RequestError`` 429/503 when over), so a peer that
+  sends without waiting for replies (ZMQ) is refused before anything is decoded (150 x 8 MiB
+  requests would otherwise all be held at once); its decoded request is then not refused again.
+
+Sessions: ``reset`` on a shared policy used to reset it for every client. A policy that keeps
+per-episode state declares it with ``new_session() -> state`` and takes the state as
+``infer(obs, *, session)`` / ``infer_batch(obs_batch, *, sessions)`` (``StepCounterPolicy`` in
+``example_policies`` is the reference). The core keeps one state per (connection, session name):
+the request's ``session_id`` field (RoboArena) names it, else the connection is the session, and
+entry ``i`` of a client-side batch without ``session_id`` is session ``#i`` of its connection. A
+client's reset replaces only its own states (all of its connection's, or the one named by
+``session``); a session lives until its connection closes, or is evicted least-recently-used past
+``max_sessions`` (ZMQ gives no close events). A policy without ``new_session`` has one shared
+state and keeps the old meaning: any client's reset calls its ``reset()``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import sys
 import time
-from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from cosmos_robot_client.base_policy import BasePolicy, supports_batch
 from cosmos_robot_client.spec import ObservationError
-from cosmos_robot_server.batcher import DynamicBatcher, PolicyError, Timing
+from cosmos_robot_server.batcher import (
+    DynamicBatcher,
+    Limits,
+    NonFiniteOutput,
+    PolicyError,
+    ServerBusy,
+    SessionSlot,
+    Timing,
+    payload_nbytes,
+)
 from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.metrics import Metrics
 
-__all__ = ["PROTOCOL_KEYS", "PolicyError", "RequestError", "ServingCore"]
+__all__ = ["PROTOCOL_KEYS", "NonFiniteOutput", "PolicyError", "RequestError", "ServingCore"]
 
 T = TypeVar("T")
 PROTOCOL_KEYS = frozenset({"endpoint", "session_id"})  # RoboArena / vllm-omni request envelope fields
 PROTOCOL_VERSION = 1
+_LARGE_MAP_KEYS = 256  # validate maps with more keys (or batches with more entries) in a worker thread
+_MAX_SESSION_ID = 256  # characters of a session_id
 
 
 class RequestError(ValueError):
@@ -33,6 +75,93 @@ class RequestError(ValueError):
     def __init__(self, message: str, *, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
+
+
+class _SwitchInterval:
+    """``sys.setswitchinterval`` shared by the servers of one process; the last to stop restores it."""
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.saved = 0.0
+
+    def claim(self, seconds: float) -> None:
+        if self.users == 0:
+            self.saved = sys.getswitchinterval()
+        self.users += 1
+        sys.setswitchinterval(seconds)
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users == 0:
+            sys.setswitchinterval(self.saved)
+
+
+_SWITCH_INTERVAL = _SwitchInterval()
+
+
+class _Checked(NamedTuple):
+    clean: dict[str, Any]
+    nbytes: int
+    session: Hashable  # the session name within the connection (None: the connection itself)
+
+
+class _Sessions:
+    """Per-(connection, session name) slots of a session-aware policy, least recently used first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._slots: OrderedDict[tuple[str, Hashable], SessionSlot] = OrderedDict()
+        self._by_client: dict[str, set[Hashable]] = {}
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def slot(self, client_id: str, name: Hashable) -> SessionSlot:
+        key = (client_id, name)
+        slot = self._slots.get(key)
+        if slot is not None:
+            self._slots.move_to_end(key)
+            return slot
+        slot = self._slots[key] = SessionSlot()
+        self._by_client.setdefault(client_id, set()).add(name)
+        while len(self._slots) > self.capacity:
+            (old_client, old_name), _ = self._slots.popitem(last=False)
+            self._forget_name(old_client, old_name)
+        return slot
+
+    def reset(self, client_id: str, name: Hashable | None = None, *, every: bool = False) -> None:
+        """Fresh state for one session of the client, or (``every``) all of its sessions."""
+        names = list(self._by_client.get(client_id, ())) if every else [name]
+        for n in names:
+            if (client_id, n) in self._slots:
+                self._slots[(client_id, n)] = SessionSlot()
+
+    def drop(self, client_id: str) -> None:
+        for name in self._by_client.pop(client_id, ()):
+            self._slots.pop((client_id, name), None)
+
+    def clear(self) -> None:
+        self._slots.clear()
+        self._by_client.clear()
+
+    def _forget_name(self, client_id: str, name: Hashable) -> None:
+        names = self._by_client.get(client_id)
+        if names is not None:
+            names.discard(name)
+            if not names:
+                del self._by_client[client_id]
+
+
+def _session_name(value: Any) -> Hashable:
+    """The ``session_id`` envelope field as a session name; ``None`` when absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise RequestError(f"session_id must be a string or an integer, got {type(value).__name__}")
+    name = str(value)
+    if len(name) > _MAX_SESSION_ID:
+        raise RequestError(f"session_id has {len(name)} characters; at most {_MAX_SESSION_ID} are accepted")
+    return name
 
 
 class ServingCore:
@@ -49,16 +178,34 @@ class ServingCore:
             max_batch_size=config.max_batch_size,
             max_wait_ms=config.max_wait_ms,
             metrics=self.metrics,
+            limits=Limits(
+                max_inflight_per_client=config.max_inflight_per_client,
+                max_inflight_bytes_per_client=config.max_inflight_bytes_per_client,
+                max_queued_requests=config.max_queued_requests,
+                max_queued_bytes=config.max_queued_bytes,
+            ),
         )
+        self.sessions = _Sessions(config.max_sessions) if self.batcher.session_aware else None
         self.ready = False
         self.started_at = time.time()
+        self._holds_switch_interval = False
 
     async def start(self) -> None:
+        # Decoding and validation run in worker threads that hold the GIL in pure-Python stretches;
+        # with CPython's 5 ms hand-off a good client's request waits up to 5 ms at each of its
+        # several GIL acquisitions while a hostile one's 3,200-observation batch decodes (its p50
+        # was 18.7 ms at 5 ms, 6.6 ms at 0.5 ms: docs/benchmarks.md).
+        if self.config.gil_switch_interval_ms is not None and not self._holds_switch_interval:
+            _SWITCH_INTERVAL.claim(self.config.gil_switch_interval_ms / 1000)
+            self._holds_switch_interval = True
         self.batcher.start()
 
     async def stop(self) -> None:
         self.ready = False
         await self.batcher.stop()
+        if self._holds_switch_interval:  # the setting is process-wide: the last server out restores it
+            _SWITCH_INTERVAL.release()
+            self._holds_switch_interval = False
 
     async def warm_up(self, batch_sizes: Sequence[int]) -> dict[int, float]:
         """Run the policy once per batch size on its example observation, on the thread that serves
@@ -73,11 +220,7 @@ class ServingCore:
             )
         seconds: dict[int, float] = {}
         for n in sorted(set(batch_sizes)):
-            batch = [dict(example) for _ in range(n)]
-            if supports_batch(self.policy):
-                fn = lambda b=batch: self.policy.infer_batch(b)  # type: ignore[attr-defined]  # noqa: E731
-            else:
-                fn = lambda b=batch: [self.policy.infer(o) for o in b]  # noqa: E731
+            fn = self._warm_call([dict(example) for _ in range(n)])
             t0 = time.perf_counter()
             try:
                 await self.batcher.call(fn)
@@ -85,6 +228,17 @@ class ServingCore:
                 raise RuntimeError(f"warm-up with a batch of {n} failed: {type(exc).__name__}: {exc}") from exc
             seconds[n] = time.perf_counter() - t0
         return seconds
+
+    def _warm_call(self, batch: list[dict[str, Any]]) -> Any:
+        """One warm-up call; a session-aware policy gets scratch sessions, never a client's."""
+        policy: Any = self.policy
+        if self.batcher.session_aware:
+            if supports_batch(policy):
+                return lambda: policy.infer_batch(batch, sessions=[policy.new_session() for _ in batch])
+            return lambda: [policy.infer(o, session=policy.new_session()) for o in batch]
+        if supports_batch(policy):
+            return lambda: policy.infer_batch(batch)
+        return lambda: [policy.infer(o) for o in batch]
 
     # -- facts -----------------------------------------------------------------------------
     @property
@@ -103,6 +257,11 @@ class ServingCore:
                 "max_wait_ms": self.config.max_wait_ms,
             },
             "max_message_bytes": self.config.max_message_bytes,
+            "limits": {
+                "max_inflight_per_client": self.config.max_inflight_per_client,
+                "max_client_batch": self.config.max_client_batch,
+            },
+            "sessions": self.sessions is not None,
             "auth_required": self.config.api_key is not None,
         }
         meta.setdefault("input_spec", spec.to_dict() if spec is not None else None)
@@ -131,11 +290,19 @@ class ServingCore:
     # -- requests --------------------------------------------------------------------------
     def validate(self, obs: Any) -> dict[str, Any]:
         """Strip protocol keys and check the observation against the policy's input spec."""
+        return self._check(obs).clean
+
+    async def validate_async(self, obs: Any) -> dict[str, Any]:
+        """``validate``, in a worker thread when the map is large (the event loop keeps serving)."""
+        return (await self._check_async(obs)).clean
+
+    def _check(self, obs: Any) -> _Checked:
         if not isinstance(obs, Mapping):
             raise RequestError(f"request must be a map of observation fields, got {type(obs).__name__}")
         bad_keys = [k for k in obs if not isinstance(k, str)]
         if bad_keys:
             raise RequestError(f"observation keys must be strings, got {bad_keys[0]!r}")
+        session = _session_name(obs.get("session_id"))
         clean = {k: v for k, v in obs.items() if k not in PROTOCOL_KEYS}
         spec = self.policy.input_spec
         if spec is not None:
@@ -143,19 +310,39 @@ class ServingCore:
                 spec.validate(clean)
             except ObservationError as exc:
                 raise RequestError(f"invalid observation: {exc}") from exc
-        return clean
+        return _Checked(clean, payload_nbytes(clean), session)
+
+    async def _check_async(self, obs: Any) -> _Checked:
+        if isinstance(obs, Mapping) and len(obs) > _LARGE_MAP_KEYS:
+            return await asyncio.to_thread(self._check, obs)
+        return self._check(obs)
+
+    def _check_batch(self, batch: Sequence[Any]) -> list[_Checked]:
+        checked = []
+        for i, obs in enumerate(batch):
+            try:
+                checked.append(self._check(obs))
+            except RequestError as exc:
+                raise RequestError(f"batch[{i}]: {exc}", status=exc.status) from exc
+        return checked
 
     async def infer(self, obs: Any, *, transport: str, client_id: str) -> dict[str, Any]:
-        """Validate, batch and run one observation; returns the reply dict with timings."""
+        """Validate, admit, batch and run one observation; returns the reply dict with timings."""
         t0 = time.perf_counter()
         try:
-            clean = self.validate(obs)
-            result, timing = await self._submit(clean, client_id)
+            checked = await self._check_async(obs)
+            slot = self._slot(client_id, checked.session)
+            result, timing = await self._with_timeout(
+                self.batcher.submit(checked.clean, client_id, nbytes=checked.nbytes, session=slot)
+            )
         except RequestError:
             self._count(transport, "bad_request")
             raise
-        except PolicyError:
-            self._count(transport, "policy_error")
+        except ServerBusy as exc:
+            self._count(transport, "busy")
+            raise RequestError(str(exc), status=exc.status) from exc
+        except PolicyError as exc:
+            self._count(transport, "policy_output" if isinstance(exc, NonFiniteOutput) else "policy_error")
             raise
         reply = self._reply(result, timing, t0)
         self._count(transport, "ok")
@@ -164,36 +351,81 @@ class ServingCore:
 
     async def infer_many(self, batch: Sequence[Any], *, transport: str, client_id: str) -> list[dict[str, Any]]:
         """A client-side batch (one request holding N observations), e.g. a vectorised evaluator."""
-        if not isinstance(batch, (list, tuple)) or not batch:
-            raise RequestError("'batch' must be a non-empty list of observation maps")
-        cleans = []
-        for i, obs in enumerate(batch):
-            try:
-                cleans.append(self.validate(obs))
-            except RequestError as exc:
-                self._count(transport, "bad_request")
-                raise RequestError(f"batch[{i}]: {exc}") from exc
-        t0 = time.perf_counter()
-        outs = await self._with_timeout(self.batcher.submit_many(cleans, client_id))
+        limit = self.config.max_client_batch
+        try:
+            if not isinstance(batch, (list, tuple)) or not batch:
+                raise RequestError("'batch' must be a non-empty list of observation maps")
+            if len(batch) > limit:
+                raise RequestError(
+                    f"batch of {len(batch)} observations exceeds max_client_batch={limit}; "
+                    f"send at most {limit} per request",
+                    status=413,
+                )
+            if len(batch) > 16 or any(isinstance(o, Mapping) and len(o) > _LARGE_MAP_KEYS for o in batch):
+                checked = await asyncio.to_thread(self._check_batch, batch)
+            else:
+                checked = self._check_batch(batch)
+            names = [c.session if c.session is not None else f"#{i}" for i, c in enumerate(checked)]
+            slots = [self._slot(client_id, name) for name in names]
+            t0 = time.perf_counter()
+            outs = await self._with_timeout(
+                self.batcher.submit_many(
+                    [c.clean for c in checked], client_id, nbytes=[c.nbytes for c in checked], sessions=slots
+                )
+            )
+        except RequestError:
+            self._count(transport, "bad_request")
+            raise
+        except ServerBusy as exc:
+            self._count(transport, "busy", len(batch))
+            raise RequestError(str(exc), status=exc.status) from exc
+        return self._batch_replies(outs, transport, t0)
+
+    def _batch_replies(self, outs: list[Any], transport: str, t0: float) -> list[dict[str, Any]]:
         replies = []
         for i, out in enumerate(outs):
+            if isinstance(out, asyncio.CancelledError):  # the client left meanwhile
+                raise out
             if isinstance(out, BaseException):
-                self._count(transport, "policy_error")
-                raise PolicyError(f"batch[{i}]: {out}") from out
+                nonfinite = isinstance(out, NonFiniteOutput)
+                self._count(transport, "policy_output" if nonfinite else "policy_error")
+                raise (NonFiniteOutput if nonfinite else PolicyError)(f"batch[{i}]: {out}") from out
             replies.append(self._reply(out[0], out[1], t0))
         self._count(transport, "ok", len(replies))
         self.metrics.observe("cosmos_robot_request_latency_seconds", time.perf_counter() - t0, transport=transport)
         return replies
 
-    async def reset(self) -> None:
-        """Episode boundary from a client (RoboArena ``endpoint: reset``, GR00T ``reset``)."""
+    async def reset(self, *, client_id: str | None = None, session: Any = None) -> None:
+        """Episode boundary from a client (RoboArena ``endpoint: reset``, GR00T ``reset``).
+
+        A session-aware policy resets only the caller's state: the session named ``session``
+        (a ``session_id``), or every session of ``client_id``'s connection. Without ``client_id``
+        (or for a policy without sessions) the policy itself is reset, for everybody."""
+        if self.sessions is not None:
+            if client_id is None:
+                self.sessions.clear()
+                return
+            name = _session_name(session)
+            self.sessions.reset(client_id, name, every=name is None)
+            return
         await self.batcher.call(self.policy.reset)
 
-    def connection_closed(self, client_id: str) -> None:
-        self.batcher.forget(client_id)
+    def reserve(self, client_id: str, nbytes: int, *, transport: str) -> Callable[[], None]:
+        """Admit a not yet decoded message of ``nbytes`` as one request; returns its release."""
+        try:
+            return self.batcher.reserve(client_id, nbytes)
+        except ServerBusy as exc:
+            self._count(transport, "busy")
+            raise RequestError(str(exc), status=exc.status) from exc
 
-    async def _submit(self, obs: dict[str, Any], client_id: str) -> tuple[dict[str, Any], Timing]:
-        return await self._with_timeout(self.batcher.submit(obs, client_id))
+    def connection_closed(self, client_id: str) -> None:
+        """Cancel the client's queued requests (they never reach the policy) and drop its sessions."""
+        self.batcher.forget(client_id)
+        if self.sessions is not None:
+            self.sessions.drop(client_id)
+
+    def _slot(self, client_id: str, name: Hashable) -> SessionSlot | None:
+        return None if self.sessions is None else self.sessions.slot(client_id, name)
 
     async def _with_timeout(self, coro: Awaitable[T]) -> T:
         if self.config.request_timeout_s is None:

@@ -13,6 +13,11 @@ declares a wrist camera, resizes to the size the policy declares, and turns the 
 ``actions`` array back into JSON lists. Every error names the field it is about. We do not return
 cosmos-framework's ``video`` (its server VAE-decodes a predicted rollout; our policies do not
 produce one, and the evaluation client ignores it unless asked to save comparisons).
+
+Errors are HTTP statuses by default. cosmos-framework's own server answers them with 200 and
+``{"action": [], "error": ...}`` instead, and its client calls ``raise_for_status()``, so behind a
+4xx our message never reaches its log: ``error_reply`` offers that shape as
+``ServerConfig.cosmos_errors = "in_body"``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ __all__ = [
     "PolicyOutputError",
     "action_list",
     "decode_image",
+    "error_reply",
     "info_fields",
     "json_safe",
     "parse_batch",
@@ -182,6 +188,19 @@ def _fit(view: np.ndarray, field_spec: Any, key: str) -> np.ndarray:
 
 
 # -- responses ---------------------------------------------------------------------------------
+IN_BODY_STATUSES = (400, 500)  # a bad field, a spec violation, a policy failure; auth, size, type stay HTTP
+_PREDICT_ROUTES = {"/": "action", "/predict": "action", "/predict_batch": "actions"}
+
+
+def error_reply(mode: str, route: str, status: int, message: str) -> tuple[int, dict[str, Any]]:
+    """``(status, body)`` of an error: ``{"error"}`` with ``status``, or with ``mode`` ``in_body`` on a
+    predict route, cosmos-framework's ``200 {"action": [], "error"}`` (``"actions"`` for a batch)."""
+    key = _PREDICT_ROUTES.get(route)
+    if mode == "in_body" and key is not None and status in IN_BODY_STATUSES:
+        return 200, {key: [], "error": message}
+    return status, {"error": message}
+
+
 def action_list(result: Mapping[str, Any]) -> list[list[float]]:
     """The policy's ``actions`` (T, D) as JSON lists; a malformed result is the policy's fault (500)."""
     if "actions" not in result:

@@ -4,6 +4,10 @@
 They do no learning: they return a fixed action chunk (optionally after a fixed delay that
 stands in for model cost), so a robot integrator can check wiring, shapes and latency before a
 real checkpoint exists, and the serving benchmark measures transport overhead, not a model.
+
+``StepCounterPolicy`` (``:step_counter``) is the reference for a policy with per-episode state:
+it declares ``new_session()`` so the server keeps one state per client session, and one client's
+reset does not reset anybody else's episode (see ``cosmos_robot_server.core``).
 """
 
 from __future__ import annotations
@@ -17,7 +21,15 @@ import numpy as np
 from cosmos_robot_client.base_policy import BasePolicy, BatchPolicy
 from cosmos_robot_client.spec import ArraySpec, InputSpec, TextSpec
 
-__all__ = ["ConstantBatchPolicy", "ConstantPolicy", "constant", "constant_unbatched", "libero_input_spec"]
+__all__ = [
+    "ConstantBatchPolicy",
+    "ConstantPolicy",
+    "StepCounterPolicy",
+    "constant",
+    "constant_unbatched",
+    "libero_input_spec",
+    "step_counter",
+]
 
 
 def libero_input_spec(image_size: int = 224, state_dim: int = 8, state_optional: bool = False) -> InputSpec:
@@ -100,6 +112,52 @@ class ConstantBatchPolicy(ConstantPolicy, BatchPolicy):
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
         return self.infer_batch([obs])[0]
+
+
+class StepCounterPolicy(BatchPolicy):
+    """Counts steps since its session's reset: ``actions`` are all that count, ``steps`` says it too.
+
+    Session-aware: ``new_session()`` makes one episode's state, and the server passes each request's
+    state in as ``sessions=`` / ``session=``. Called directly (no server), it keeps one local session
+    that ``reset()`` renews, like any ``BasePolicy``."""
+
+    def __init__(self, action_horizon: int = 10, action_dim: int = 7) -> None:
+        self.action_horizon = action_horizon
+        self.action_dim = action_dim
+        self._local = self.new_session()
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return {"action_horizon": self.action_horizon, "action_dim": self.action_dim, "policy": type(self).__name__}
+
+    @property
+    def cheap_inference(self) -> bool:
+        return True
+
+    def new_session(self) -> dict[str, int]:
+        return {"steps": 0}
+
+    def infer_batch(
+        self, obs_batch: Sequence[dict[str, Any]], *, sessions: Sequence[dict[str, int]] | None = None
+    ) -> list[dict[str, Any]]:
+        states = list(sessions) if sessions is not None else [self._local] * len(obs_batch)
+        out = []
+        for state in states:
+            state["steps"] += 1
+            actions = np.full((self.action_horizon, self.action_dim), state["steps"], dtype=np.float32)
+            out.append({"actions": actions, "steps": state["steps"]})
+        return out
+
+    def infer(self, obs: dict[str, Any], *, session: dict[str, int] | None = None) -> dict[str, Any]:
+        return self.infer_batch([obs], sessions=None if session is None else [session])[0]
+
+    def reset(self) -> None:
+        self._local = self.new_session()
+
+
+def step_counter(action_horizon: int = 10, action_dim: int = 7) -> StepCounterPolicy:
+    """Factory for ``--policy``: the session-aware step counter."""
+    return StepCounterPolicy(action_horizon, action_dim)
 
 
 def constant(

@@ -10,13 +10,20 @@ Why the stdlib threading server: one thread per connection keeps the code small 
 decoding (the costly part of this dialect) off the event loop; the model call itself goes to the
 shared ``ServingCore`` on the server's loop with ``run_coroutine_threadsafe``, so HTTP requests
 join the same cross-connection batches as websocket and ZMQ ones. Bodies over
-``max_message_bytes`` are refused from their Content-Length, before a byte of them is read.
+``max_message_bytes`` are refused from their Content-Length, before a byte of them is read; the
+413 still reaches a client that sends the whole body (the body is discarded, bounded, after the
+reply). A thread per connection is also what an attacker exhausts, so ``http_limits`` caps the
+connections (``max_connections``, one more gets 503 JSON) and puts total deadlines on the request
+head and body (``header_timeout_s``, ``body_timeout_s``); accept errors (EMFILE) pause accepting
+briefly instead of spinning, and are logged rate-limited.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
+import io
 import json
 import logging
 import socket
@@ -35,16 +42,20 @@ from cosmos_robot_server.core import RequestError, ServingCore
 from cosmos_robot_server.cosmos_dialect import (
     PolicyOutputError,
     action_list,
+    error_reply,
     info_fields,
     parse_batch,
     parse_request,
     to_observation,
 )
+from cosmos_robot_server.http_limits import ConnectionGate, DeadlineReader
+from cosmos_robot_server.ratelog import RateLimitedLog, install_library_filters
 from cosmos_robot_server.transport import Transport
 
 __all__ = ["HttpTransport"]
 
 log = logging.getLogger(__name__)
+rlog = RateLimitedLog(log)
 T = TypeVar("T")
 
 GET_ROUTES = frozenset({"/", "/info", "/healthz", "/readyz", "/metrics"})
@@ -52,8 +63,11 @@ PREDICT_ROUTES = frozenset({"/", "/predict"})
 BATCH_ROUTE = "/predict_batch"
 RESET_ROUTES = frozenset({"/reset", "/next_episode"})  # cosmos's client POSTs /next_episode after an episode
 POST_ROUTES = PREDICT_ROUTES | RESET_ROUTES | {BATCH_ROUTE}
-LINGER_S = 0.5  # after refusing a body unread, how long we keep discarding it so the reply arrives
-LINGER_BYTES = 4 * 1024 * 1024
+LINGER_S = 0.5  # after an error reply on a garbled stream, how long we keep discarding input
+LINGER_BYTES = 4 * 1024 * 1024  # what we discard after an error reply on a garbled stream
+DISCARD_BYTES = 64 * 1024 * 1024  # a refused body of known length is discarded up to max(this, 2 x max_message_bytes)
+ACCEPT_PAUSE_S = 0.1  # out of file descriptors: wait this long before accepting again (instead of spinning)
+_FD_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 IDLE_TIMEOUT_S = 120.0  # a keep-alive connection silent this long is closed (frees its thread)
 JSON_TYPE = "application/json"
 
@@ -61,11 +75,13 @@ JSON_TYPE = "application/json"
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 256  # listen backlog; socketserver's 5 made a burst of connects wait 1 s for SYN retries
 
     def __init__(self, address: tuple[str, int], transport: HttpTransport) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.transport = transport
+        self.gate = ConnectionGate(transport.config.max_connections)
         super().__init__(address, _Handler)
 
     def server_bind(self) -> None:
@@ -76,6 +92,40 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("http connection %s ended with an error", client_address, exc_info=True)
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        try:
+            return super().get_request()
+        except OSError as exc:
+            if exc.errno in _FD_ERRORS:  # the listening socket stays readable: do not spin on it
+                rlog.warning("accept", "http: cannot accept a connection: %s; pausing accepts", exc.strerror)
+                time.sleep(ACCEPT_PAUSE_S)
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.gate.admit():
+            self.transport.core.metrics.inc("cosmos_robot_errors_total", transport="http", kind="too_many_connections")
+            rlog.warning("busy", "http: refused a connection, max_connections=%d", self.gate.limit)
+            self.gate.refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.gate.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.gate.release()
+
+    def service_actions(self) -> None:
+        self.gate.service()  # finish the lingering closes of refused connections
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.gate.close_all()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -89,6 +139,9 @@ class _Handler(BaseHTTPRequestHandler):
     # -- connection lifecycle --------------------------------------------------------------
     def setup(self) -> None:
         super().setup()
+        self.rfile.close()  # replaced by a reader with total deadlines (see http_limits)
+        self._reader = DeadlineReader(self.connection, IDLE_TIMEOUT_S, self._timed_out)
+        self.rfile = io.BufferedReader(self._reader, 65536)
         self.client_id = f"http:{self.client_address[0]}:{self.client_address[1]}"
         self._body_pending = False
         self._linger = False
@@ -102,15 +155,29 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             self.server.transport._closed(self.connection, self.client_id)
 
+    def handle_one_request(self) -> None:
+        self._reader.expect_request(self.server.transport.config.header_timeout_s)
+        super().handle_one_request()
+
+    def _timed_out(self, phase: str) -> None:
+        self.server.transport.core.metrics.inc("cosmos_robot_errors_total", transport="http", kind=f"{phase}_timeout")
+        rlog.info(f"{phase}_timeout", "http %s: request %s not received in time; closing", self.client_id, phase)
+
     def _drain(self) -> None:
         """Closing with unread input makes the kernel send RST, which can destroy our error reply
-        before the client reads it; so stop writing, then discard what the client still sends (bounded)."""
+        before the client reads it; so stop writing, then discard what the client still sends: the
+        declared body (bounded) within ``body_timeout_s``, or anything for ``LINGER_S``."""
+        cfg = self.server.transport.config
+        declared = self._declared_length()
+        budget, linger_s = LINGER_BYTES, LINGER_S
+        if declared:  # a body the client will send in full before it reads our reply (http.client does)
+            budget, linger_s = min(declared, max(DISCARD_BYTES, 2 * cfg.max_message_bytes)), cfg.body_timeout_s
         try:
             self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(LINGER_S)
-            deadline = time.monotonic() + LINGER_S
+            deadline = time.monotonic() + linger_s
             discarded = 0
-            while discarded < LINGER_BYTES and time.monotonic() < deadline:
+            while discarded < budget and time.monotonic() < deadline:
+                self.connection.settimeout(max(0.001, deadline - time.monotonic()))
                 chunk = self.connection.recv(65536)
                 if not chunk:
                     break
@@ -146,15 +213,17 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(404, {"error": "Not found"})
         except RequestError as exc:
             headers = {"WWW-Authenticate": "Api-Key"} if exc.status == 401 else {}
-            self._send_json(exc.status, {"error": str(exc)}, **headers)
+            status, payload = error_reply(transport.config.cosmos_errors, route, exc.status, str(exc))
+            self._send_json(status, payload, **headers)
         except PolicyError as exc:
-            self._send_json(500, {"error": str(exc)})
+            self._send_json(*error_reply(transport.config.cosmos_errors, route, 500, str(exc)))
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         except Exception as exc:  # one bad request must not take the connection thread down
             log.exception("http %s %s failed", self.command, route)
             transport.core.metrics.inc("cosmos_robot_errors_total", transport="http", kind="internal")
-            self._send_json(500, {"error": f"internal server error: {type(exc).__name__}: {exc}"})
+            message = f"internal server error: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            self._send_json(*error_reply(transport.config.cosmos_errors, route, 500, message))
 
     def _get(self, route: str) -> None:
         core = self.server.transport.core
@@ -175,7 +244,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._check_api_key()
             body = self._read_json(allow_empty=route in RESET_ROUTES)
             if route in RESET_ROUTES:
-                transport.run(core.reset())
+                transport.run(core.reset(client_id=self.client_id))
                 self._send_json(200, {"status": "ok"})
                 return
             spec = core.policy.input_spec
@@ -250,11 +319,22 @@ class _Handler(BaseHTTPRequestHandler):
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
         if content_type != JSON_TYPE:
             raise RequestError(f"Content-Type must be {JSON_TYPE}, got {content_type or 'none'!r}", status=415)
-        data = self.rfile.read(length)
+        self._reader.expect_body(self.server.transport.config.body_timeout_s)
+        try:
+            data = self.rfile.read(length)
+        except TimeoutError:
+            self.close_connection = True
+            raise RequestError(
+                f"request body not received within body_timeout_s={self.server.transport.config.body_timeout_s}",
+                status=408,
+            ) from None
         self._body_pending = False
         if len(data) < length:
             self.close_connection = True
             raise RequestError(f"request body ended after {len(data)} of {length} bytes")
+        max_elements = self.server.transport.config.max_elements
+        if data.count(b",") >= max_elements:  # json.loads holds the GIL: 1M keys stalled every transport 1.4 s
+            raise RequestError(f"JSON body has more than max_elements={max_elements} elements (counted by commas)")
         try:
             return json.loads(data)
         except (ValueError, RecursionError) as exc:
@@ -266,6 +346,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, body, JSON_TYPE, **headers)
 
     def _send(self, status: int, body: bytes, content_type: str, **headers: str) -> None:
+        self.connection.settimeout(self.server.transport.config.body_timeout_s)  # a client that never reads
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -304,6 +385,7 @@ class HttpTransport(Transport):
         self._lock = threading.Lock()
 
     async def start(self) -> int:
+        install_library_filters()  # asyncio's accept errors, for example, come in floods
         self._loop = asyncio.get_running_loop()
         self._httpd = _Server((self.config.host, self.config.http_port), self)
         self._thread = threading.Thread(

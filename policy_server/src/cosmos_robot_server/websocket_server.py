@@ -18,10 +18,18 @@ What differs from openpi's server, and why:
   message naming the key / shape / dtype, and only that connection is closed.
 - Envelope extensions used by other speakers of the protocol: ``endpoint: "reset"`` (RoboArena,
   answered with the text frame ``"reset successful"``, which RoboArena and DreamZero clients
-  accept), ``session_id`` (accepted and ignored), and ``{"batch": [obs, ...]}`` (ours, one
+  accept), ``session_id`` (names the client's session of a session-aware policy; a reset with
+  it resets only that session, see ``core``), and ``{"batch": [obs, ...]}`` (ours, one
   request for N environments of a vectorised evaluator).
 - ``server_timing.prev_total_ms`` measures decode + infer + send of the previous request only;
   openpi's also counts the time the server sat waiting for the client.
+
+Hardening (issue 15): every request is decoded in the transport's decode pool within the
+server's ``DecodeLimits`` (a crafted 40 MB map once froze every client for 5.5 s); connections
+over ``max_connections`` get HTTP 503 before the upgrade; the handshake must finish within
+``header_timeout_s``; a client that disconnects while its request is in flight has that request
+cancelled (the batcher skips it), so a departed client costs no inference; per-connection
+warnings are rate-limited.
 """
 
 from __future__ import annotations
@@ -31,7 +39,6 @@ import http
 import itertools
 import logging
 import time
-import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,15 +48,17 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 from websockets.http11 import Request, Response
 
-from cosmos_robot_client.codec import CodecError, Packer, unpackb
+from cosmos_robot_client.codec import CodecError, CodecLimitError, Packer
 from cosmos_robot_server.core import PolicyError, RequestError
+from cosmos_robot_server.ratelog import RateLimitedLog, install_library_filters
 from cosmos_robot_server.transport import Transport
+from cosmos_robot_server.wire import RequestDecoder
 
 __all__ = ["WebsocketTransport"]
 
 log = logging.getLogger(__name__)
+rlog = RateLimitedLog(log)  # per-connection warnings: a hostile client must not flood the log
 
-_OFFLOAD_DECODE_BYTES = 4 * 1024 * 1024  # decode bigger payloads in a thread so the loop stays responsive
 _STOP_GRACE_S = 5.0  # how long stop() lets in-flight requests finish before cancelling them
 _ids = itertools.count(1)
 
@@ -73,10 +82,13 @@ class WebsocketTransport(Transport):
         super().__init__(*args, **kwargs)
         self._server: Server | None = None
         self._handlers: set[asyncio.Task[Any]] = set()
+        self._decoder: RequestDecoder | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> int:
         cfg = self.config
+        install_library_filters()
+        self._decoder = RequestDecoder(cfg, self.name)
         self._server = await serve(
             self._handle,
             cfg.host,
@@ -85,6 +97,7 @@ class WebsocketTransport(Transport):
             max_size=cfg.max_message_bytes,
             ping_interval=cfg.ping_interval_s,
             ping_timeout=cfg.ping_timeout_s,
+            open_timeout=cfg.header_timeout_s,
             process_request=self._process_request,
         )
         port: int = self._server.sockets[0].getsockname()[1]
@@ -104,6 +117,8 @@ class WebsocketTransport(Transport):
                 task.cancel()
             await self._server.wait_closed()
         self._server = None
+        if self._decoder is not None:
+            self._decoder.close()
 
     # -- HTTP before the upgrade -----------------------------------------------------------
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -114,6 +129,19 @@ class WebsocketTransport(Transport):
                 [("Content-Type", content_type), ("Content-Length", str(len(body))), ("Connection", "close")]
             )
             return Response(status, http.HTTPStatus(status).phrase, headers, body)
+        open_now = len(self._handlers)  # upgraded connections (a handshake in progress is bounded by open_timeout)
+        if open_now >= self.config.max_connections:
+            self.core.metrics.inc("cosmos_robot_errors_total", transport=self.name, kind="too_many_connections")
+            rlog.warning(
+                "too_many_connections",
+                "websocket: refused a connection, max_connections=%d",
+                self.config.max_connections,
+            )
+            return connection.respond(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"server busy: {open_now} connections open (max_connections={self.config.max_connections}); "
+                "retry later\n",
+            )
         if self.config.api_key is not None:
             provided = _api_key_from(request.headers.get("Authorization"))
             if not self.core.check_api_key(provided):
@@ -137,6 +165,7 @@ class WebsocketTransport(Transport):
         metrics.gauge_add("cosmos_robot_connections", 1, transport=self.name)
         log.info("websocket %s: connected from %s", client_id, peer)
         packer = Packer()
+        closed = asyncio.ensure_future(ws.wait_closed())  # resolves when the client goes, even mid-request
         try:
             await ws.send(packer.pack(self.core.metadata))
             prev_total_ms: float | None = None
@@ -144,9 +173,11 @@ class WebsocketTransport(Transport):
                 message = await ws.recv()
                 t0 = time.perf_counter()
                 try:
-                    reply = await self._answer(message, client_id)
+                    reply = await self._answer_unless_closed(message, client_id, closed)
                 except _ClientError as err:
                     await self._fail(ws, client_id, err)
+                    return
+                if reply is None:  # the client left; its request was cancelled
                     return
                 if isinstance(reply, str):  # reset acknowledgement: a TEXT frame, as RoboArena expects
                     await ws.send(reply)
@@ -171,7 +202,8 @@ class WebsocketTransport(Transport):
             code = exc.rcvd.code if exc.rcvd is not None else exc.sent.code if exc.sent is not None else None
             if code == CloseCode.MESSAGE_TOO_BIG:
                 metrics.inc("cosmos_robot_errors_total", transport=self.name, kind="too_large")
-                log.warning(
+                rlog.warning(
+                    "too_large",
                     "websocket %s: message over max_message_bytes=%d; closed with 1009",
                     client_id,
                     self.config.max_message_bytes,
@@ -179,10 +211,29 @@ class WebsocketTransport(Transport):
             else:
                 log.info("websocket %s: closed (%s)", client_id, code)
         finally:
+            closed.cancel()
             self.core.connection_closed(client_id)
             metrics.gauge_add("cosmos_robot_connections", -1, transport=self.name)
             if task is not None:
                 self._handlers.discard(task)
+
+    async def _answer_unless_closed(
+        self, message: str | bytes, client_id: str, closed: asyncio.Future[None]
+    ) -> dict[str, Any] | str | None:
+        """``_answer``, cancelled when ``closed`` resolves first (then ``None``): a client that left
+        must not keep its request queued or running (H2's batcher skips cancelled requests)."""
+        answer = asyncio.ensure_future(self._answer(message, client_id))
+        try:
+            await asyncio.wait((answer, closed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not answer.done():
+                answer.cancel()
+        if answer.done() and not answer.cancelled():
+            return answer.result()  # raises the _ClientError, if any
+        await asyncio.wait((answer,))  # let the cancellation unwind before the connection's bookkeeping goes
+        self.core.metrics.inc("cosmos_robot_requests_total", transport=self.name, outcome="cancelled")
+        rlog.info("cancelled", "websocket %s: client left with a request in flight; request cancelled", client_id)
+        return None
 
     async def _answer(self, message: str | bytes, client_id: str) -> dict[str, Any] | str:
         """Decode and serve one request; raises ``_ClientError`` with the text for the client."""
@@ -192,11 +243,11 @@ class WebsocketTransport(Transport):
                 "text frame not accepted",
                 "bad_request",
             )
+        assert self._decoder is not None
         try:
-            if len(message) > _OFFLOAD_DECODE_BYTES:
-                request = await asyncio.to_thread(unpackb, message)
-            else:
-                request = unpackb(message)
+            request = await self._decoder.decode(message)  # never on the loop: see wire.py
+        except CodecLimitError as exc:
+            raise _ClientError(f"request too complex: {exc}", "request too complex", "bad_request") from exc
         except CodecError as exc:
             raise _ClientError(f"malformed request: {exc}", "malformed request", "bad_request") from exc
         try:
@@ -208,16 +259,16 @@ class WebsocketTransport(Transport):
         except PolicyError as exc:
             raise _ClientError(str(exc), "policy error; details in the previous frame", "") from exc
         except Exception as exc:  # a bug on our side: still answer this client only
-            log.exception("websocket %s: unexpected error", client_id)
-            tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-            raise _ClientError(f"internal server error:\n{tb}", "internal server error", "internal") from exc
+            log.exception("websocket %s: unexpected error", client_id)  # the traceback stays in the server log
+            message = f"internal server error: {type(exc).__name__}: {' '.join(str(exc).split())}"
+            raise _ClientError(message, "internal server error", "internal") from exc
 
     async def _dispatch(self, request: Any, client_id: str) -> dict[str, Any] | str:
         if not isinstance(request, Mapping):
             raise _bad_request(f"request must be a map of observation fields, got {type(request).__name__}")
         endpoint = request.get("endpoint", "infer")
         if endpoint == "reset":
-            await self.core.reset()
+            await self.core.reset(client_id=client_id, session=request.get("session_id"))
             return "reset successful"
         if endpoint != "infer":
             raise _bad_request(f"unknown endpoint {endpoint!r}; expected 'infer' or 'reset'")
@@ -234,7 +285,8 @@ class WebsocketTransport(Transport):
         if err.kind:  # errors raised before the core are counted here
             self.core.metrics.inc("cosmos_robot_requests_total", transport=self.name, outcome=err.kind)
             self.core.metrics.inc("cosmos_robot_errors_total", transport=self.name, kind=err.kind)
-        log.warning("websocket %s: %s", client_id, err.text.splitlines()[0] if err.text else err.reason)
+        first_line = err.text.splitlines()[0] if err.text else err.reason
+        rlog.warning(err.kind or "error", "websocket %s: %s", client_id, first_line)
         try:
             await ws.send(err.text)
             await ws.close(CloseCode.INTERNAL_ERROR, err.reason[:123])

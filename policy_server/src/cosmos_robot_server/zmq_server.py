@@ -13,7 +13,8 @@ may use any dialect ``unpackb`` knows). Endpoints:
   dict, because GR00T clients iterate over every action key;
 - ``reset`` -> the policy's ``reset()``, answered with the (empty) info dict;
 - ``get_modality_config`` -> ``metadata["modality_config"]``, each value wrapped as GR00T's
-  ``{"__ModalityConfig_class__": True, "as_json": {...}}`` (N1.6+ layout);
+  ``{"__ModalityConfig_class__": True, "as_json": ...}``: a map for N1.6+, a JSON string for N1.5
+  (``groot_dialect.GenerationTracker`` tells the peer's generation from its other requests);
 - ``kill``: refused unless ``ServerConfig.enable_kill`` (GR00T leaves it open, so anybody who can
   reach the port can stop a robot's policy). When enabled it answers, then closes this transport
   and calls ``on_kill`` if set (``PolicyServer`` may point it at its own ``stop``).
@@ -26,13 +27,24 @@ envelope), but lets every request run in its own task, so concurrent clients' ``
 meet in the shared batcher and run as one policy call.
 
 Limits: ``MAXMSGSIZE`` is the configured message cap; libzmq drops the connection of a peer that
-exceeds it (memory stays bounded, the client sees a timeout rather than an error reply). ZMQ gives
-no disconnect events, so connections are not counted in metrics; requests and errors are.
+exceeds it (memory stays bounded, the client sees a timeout rather than an error reply). Every
+request is decoded in the transport's decode pool within the server's ``DecodeLimits`` (the
+receive loop only reads frames), so a crafted payload costs one bounded decode off the loop, never
+the loop itself. A ROUTER socket has no accept to refuse, so over ``max_connections`` connected
+peers every request is answered ``{"error": "server busy: ..."}`` without being decoded; one
+peer's flood is bounded by the core's per-client admission (``max_inflight_per_client``), which
+counts each raw message before it is decoded.
+A ROUTER socket reports no disconnects (``ROUTER_NOTIFY`` is a draft API that release builds of
+libzmq lack), so ``zmq_peers.PeerTracker`` learns them from libzmq's socket monitor and cancels
+the requests of a client that left (a GR00T client that timed out reconnects on a new socket);
+a policy call already running finishes and its reply is dropped. Connections are not counted in
+metrics; requests (``outcome="cancelled"`` included) and errors are.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -40,20 +52,29 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from cosmos_robot_client.codec import CodecError, packb, unpackb
+from cosmos_robot_client.codec import CodecError, CodecLimitError, packb
 from cosmos_robot_server.batcher import PolicyError
 from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.core import RequestError, ServingCore
+from cosmos_robot_server.groot_dialect import GenerationTracker, refused_encoding
+from cosmos_robot_server.ratelog import RateLimitedLog, install_library_filters
 from cosmos_robot_server.transport import Transport
+from cosmos_robot_server.wire import RequestDecoder
+from cosmos_robot_server.zmq_peers import PeerTracker
 
 __all__ = ["ENDPOINTS", "ZmqTransport"]
 
 log = logging.getLogger(__name__)
+rlog = RateLimitedLog(log)
 
 ENDPOINTS = ("ping", "get_action", "reset", "get_modality_config", "kill")
 TIMING_KEYS = ("server_timing", "policy_timing")
 _N16_KEYS = ({"observation", "options"}, {"observation"})
 _KILL_FLUSH_MS = 1000  # how long the kill reply may take to leave before the socket is dropped
+
+
+def _call_release(release: Callable[[], None], _task: Any) -> None:
+    release()
 
 
 def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
@@ -68,15 +89,6 @@ def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     return frames[:1], frames[1:]
 
 
-def _wrap_modality_config(config: Any) -> dict[str, Any]:
-    if not isinstance(config, Mapping):
-        raise RequestError(f"server metadata 'modality_config' must be a map, got {type(config).__name__}")
-    return {
-        str(k): {"__ModalityConfig_class__": True, "as_json": v} if isinstance(v, Mapping) else v
-        for k, v in config.items()
-    }
-
-
 class ZmqTransport(Transport):
     """GR00T-style ZMQ endpoint on ``tcp://{host}:{zmq_port}`` in front of the shared core."""
 
@@ -86,15 +98,19 @@ class ZmqTransport(Transport):
         super().__init__(core, config)
         self.on_kill: Callable[[], Any] | None = None  # called after an accepted ``kill``
         self.killed = False
+        self.generations = GenerationTracker(config.groot_generation)  # which GR00T release each peer runs
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
+        self._peers: PeerTracker | None = None
         self._recv_task: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._kill_task: asyncio.Task[None] | None = None
         self._closed = False
+        self._decoder = RequestDecoder(config, self.name)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> int:
+        install_library_filters()  # asyncio's accept errors, for example, come in floods
         self._ctx = zmq.asyncio.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -111,6 +127,7 @@ class ZmqTransport(Transport):
             raise OSError(f"ZMQ transport cannot bind tcp://{host}:{self.config.zmq_port}: {exc}") from exc
         self._sock = sock
         port = int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+        self._peers = PeerTracker(sock, self._count_cancelled)
         self._recv_task = asyncio.get_running_loop().create_task(self._serve(), name="zmq-recv")
         return port
 
@@ -128,26 +145,70 @@ class ZmqTransport(Transport):
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._peers is not None:
+            await self._peers.close()  # before the socket: a live monitor would block term()
         if self._sock is not None:
             self._sock.close(linger=linger_ms)
         if self._ctx is not None:
             # term() waits for queued replies up to the linger time: keep the loop free meanwhile.
             await asyncio.get_running_loop().run_in_executor(None, self._ctx.term)
+        self._decoder.close()
 
     # -- receive loop ----------------------------------------------------------------------
     async def _serve(self) -> None:
-        assert self._sock is not None
+        assert self._sock is not None and self._peers is not None
         while True:
             try:
-                frames = await self._sock.recv_multipart()
+                parts = await self._sock.recv_multipart(copy=False)
             except zmq.ZMQError as exc:
                 if self._closed:
                     return
-                log.warning("zmq receive failed: %s", exc)
+                rlog.warning("recv", "zmq receive failed: %s", exc)
+                continue
+            conn = self._peers.tag(parts[-1])
+            if conn is None:  # read after its client disconnected: nobody to answer
+                self._count_cancelled(1)
+                continue
+            frames = [part.bytes for part in parts]
+            if self._peers.live > self.config.max_connections:
+                await self._refuse_busy(frames)
+                continue
+            release = await self._reserve_bytes(frames)
+            if release is None:
                 continue
             task = asyncio.get_running_loop().create_task(self._handle(frames))
+            self._peers.track(conn, task)  # cancelled if its client disconnects (see zmq_peers)
             self._handlers.add(task)
             task.add_done_callback(self._handlers.discard)
+            task.add_done_callback(functools.partial(_call_release, release))
+
+    async def _reserve_bytes(self, frames: list[bytes]) -> Callable[[], None] | None:
+        """Count the raw message against the peer's and the server's byte caps until it is answered
+        (``core.reserve``); over them, answer "server busy" without decoding and return ``None``."""
+        assert self._sock is not None
+        envelope, _ = split_envelope(frames)
+        client_id = envelope[0].hex() if envelope and envelope[0] else "zmq-anon"
+        try:
+            return self.core.reserve(client_id, sum(len(f) for f in frames), transport="zmq")
+        except RequestError as exc:
+            try:
+                await self._sock.send_multipart([*envelope, packb({"error": str(exc)}, dialect="gr00t")])
+            except zmq.ZMQError as send_exc:
+                log.debug("zmq busy reply dropped: %s", send_exc)
+            return None
+
+    async def _refuse_busy(self, frames: list[bytes]) -> None:
+        """Over ``max_connections`` connected peers: answer at once, without decoding the request."""
+        assert self._sock is not None and self._peers is not None
+        envelope, _ = split_envelope(frames)
+        self._count("busy")
+        limit, n = self.config.max_connections, self._peers.live
+        rlog.warning("busy", "zmq: refused a request, %d peers connected (max_connections=%d)", n, limit)
+        reply = {"error": f"server busy: {n} peers connected (max_connections={limit}); retry later"}
+        try:
+            await self._sock.send_multipart([*envelope, packb(reply, dialect="gr00t")])
+        except zmq.ZMQError as exc:
+            log.debug("zmq busy reply dropped: %s", exc)
 
     async def _handle(self, frames: list[bytes]) -> None:
         envelope, payload = split_envelope(frames)
@@ -164,7 +225,8 @@ class ZmqTransport(Transport):
             reply = {"error": str(exc)}
         except Exception as exc:
             log.exception("zmq endpoint %r failed", endpoint)
-            reply = {"error": f"internal server error in {endpoint!r}: {type(exc).__name__}: {exc}"}
+            one_line = " ".join(str(exc).split())  # the traceback stays in the server log
+            reply = {"error": f"internal server error in {endpoint!r}: {type(exc).__name__}: {one_line}"}
         try:
             body = packb(reply, dialect="gr00t")
         except CodecError as exc:
@@ -183,10 +245,13 @@ class ZmqTransport(Transport):
     # -- request handling ------------------------------------------------------------------
     async def _dispatch(self, body: bytes, client_id: str) -> tuple[str, Any]:
         try:
-            request = unpackb(body)
+            request = await self._decoder.decode(body)  # never on the loop: see wire.py
+        except CodecLimitError as exc:
+            self._count("bad_request")
+            raise RequestError(f"request too complex: {exc}") from exc
         except CodecError as exc:
             self._count("bad_request")
-            raise RequestError(f"cannot decode request: {exc}") from exc
+            raise RequestError(refused_encoding(body) or f"cannot decode request: {exc}") from exc
         if not isinstance(request, Mapping):
             self._count("bad_request")
             raise RequestError(
@@ -202,15 +267,17 @@ class ZmqTransport(Transport):
             self._count("bad_request")
             raise RequestError(f"unknown endpoint {endpoint!r}; expected one of {list(ENDPOINTS)}")
         data = request.get("data")
+        self.generations.observe(client_id, endpoint, data)
         if endpoint == "ping":
             return endpoint, {"status": "ok", "message": "Server is running"}
         if endpoint == "get_action":
             return endpoint, await self._get_action(data, client_id)
         if endpoint == "reset":
-            await self.core.reset()
+            await self.core.reset(client_id=client_id)
             return endpoint, {}
         if endpoint == "get_modality_config":
-            return endpoint, _wrap_modality_config(self.core.metadata.get("modality_config", {}))
+            config = self.core.metadata.get("modality_config", {})
+            return endpoint, self.generations.modality_config_reply(config, client_id)
         return endpoint, self._kill()
 
     async def _get_action(self, data: Any, client_id: str) -> Any:
@@ -244,6 +311,10 @@ class ZmqTransport(Transport):
         await self._shutdown(linger_ms=_KILL_FLUSH_MS)
         if self.on_kill is not None:
             self.on_kill()
+
+    def _count_cancelled(self, n: int) -> None:
+        self.core.metrics.inc("cosmos_robot_requests_total", n, transport="zmq", outcome="cancelled")
+        rlog.info("cancelled", "zmq: %d request(s) of a client that disconnected cancelled", n)
 
     def _count(self, kind: str) -> None:
         metrics = self.core.metrics

@@ -4,6 +4,9 @@ Shaped like openpi's runtime (so its environments and agents port over by renami
 what it lacks: drift-free pacing (the next tick is scheduled from the loop start, so a slow step
 is caught up instead of shifting every later tick), per-episode statistics returned to the
 caller (steps, wall time, achieved rate, overruns), and subscribers that see every step.
+
+Every action is checked for NaN/inf before ``apply_action`` (``NonFiniteActionError`` naming the key
+and count): whatever agent produced it, a non-finite command never reaches the robot.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from cosmos_robot_client.action_chunk_broker import check_finite
 from cosmos_robot_client.base_policy import BasePolicy
 
 __all__ = ["Agent", "EpisodeStats", "Environment", "PolicyAgent", "Runtime", "Subscriber"]
@@ -110,6 +114,7 @@ class Runtime:
                 break
             observation = self.environment.get_observation()
             action = self.agent.get_action(observation)
+            check_finite(action, f"action at step {stats.steps}")  # never apply NaN/inf to the robot
             self.environment.apply_action(action)
             for sub in self.subscribers:
                 sub.on_step(observation, action)

@@ -14,14 +14,15 @@ Example::
     results = run_eval(config, policy, "runs/eval1", policy_kind="websocket")
     print(results["totals"]["success_rate"])
 
-Output folder: ``config.json``, ``episodes.jsonl`` (one record per episode; the resume point),
+Output folder: ``config.json``, ``episodes.jsonl`` (one record per policy-scored episode; the resume
+point), ``infra_failures.jsonl`` (attempts lost to crashed or hung simulator workers),
 ``results.json``, ``report.html``, ``success_rate.png``, ``latency_hist.png``, ``videos/*.mp4``.
 """
 
 from cosmos_robot_envs.eval.chunks import ChunkSource, PolicyOutputError
 from cosmos_robot_envs.eval.config import RUNTIME_FIELDS, EpisodeSpec, EvalConfig, build_schedule, episode_seed
 from cosmos_robot_envs.eval.outdir import ConfigMismatchError
-from cosmos_robot_envs.eval.records import EpisodeRecord, load_records
+from cosmos_robot_envs.eval.records import EpisodeRecord, InfraEvent, load_events, load_records
 from cosmos_robot_envs.eval.remote import connect_websocket, is_websocket_url
 from cosmos_robot_envs.eval.runner import EvalCallbacks, run_eval
 from cosmos_robot_envs.eval.stats import summarize, wilson_interval
@@ -38,6 +39,7 @@ __all__ = [
     "EpisodeSpec",
     "EvalCallbacks",
     "EvalConfig",
+    "InfraEvent",
     "PolicyOutputError",
     "Suite",
     "WireMapping",
@@ -46,6 +48,7 @@ __all__ = [
     "episode_seed",
     "get_suite",
     "is_websocket_url",
+    "load_events",
     "load_records",
     "run_eval",
     "summarize",

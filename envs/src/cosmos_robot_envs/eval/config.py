@@ -34,7 +34,19 @@ VECTOR_MODES = ("sync", "async")
 
 # Fields that change how fast a run goes but not what any episode does: a resumed run may change them.
 # (``video_failures`` only picks which failed episodes get an MP4.)
-RUNTIME_FIELDS = frozenset({"num_envs", "vector_mode", "batch_requests", "align_starts", "video_failures"})
+# (``infra_retries`` and the worker timeouts only decide how hard a failed simulator worker is retried.)
+RUNTIME_FIELDS = frozenset(
+    {
+        "num_envs",
+        "vector_mode",
+        "batch_requests",
+        "align_starts",
+        "video_failures",
+        "infra_retries",
+        "step_timeout_s",
+        "reset_timeout_s",
+    }
+)
 FAILURE_VIDEOS_PER_TASK = 3  # with video_failures, MP4s of at most this many failed episodes per task
 
 
@@ -59,12 +71,23 @@ class EvalConfig:
     max_steps: int | None = None  # override every task's episode length (control steps); unset: each task's own
     batch_requests: bool = True  # one request for all envs needing a chunk; off: one request per env
     align_starts: bool = True  # start episodes on replan boundaries so all envs replan in the same request
+    # reruns (same seed) of an episode lost to a crashed, hung or raising env worker; one still lost
+    # after them is left missing (never a policy failure) for a rerun of the command to complete
+    infra_retries: int = 2
+    step_timeout_s: float = 60.0  # an env worker silent this long in a step counts as hung (async mode)
+    reset_timeout_s: float = 120.0  # an env worker silent this long in a reset counts as hung (async mode)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(self.tasks))
         check_rollout_fields(self, ("episodes_per_task", "num_envs", "replan_steps", "image_size"), "EvalConfig.")
         if self.video_episodes < 0:
             raise ValueError(f"EvalConfig.video_episodes: expected >= 0, got {self.video_episodes}")
+        if not isinstance(self.infra_retries, int) or self.infra_retries < 0:
+            raise ValueError(f"EvalConfig.infra_retries: expected an int >= 0, got {self.infra_retries!r}")
+        for name in ("step_timeout_s", "reset_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"EvalConfig.{name}: expected seconds > 0, got {value!r}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

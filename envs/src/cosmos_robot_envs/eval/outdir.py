@@ -16,12 +16,13 @@ from pathlib import Path
 from cosmos_robot_envs.eval.config import EvalConfig, config_mismatch
 from cosmos_robot_envs.eval.report import LATENCY_PNG, REPORT_HTML, RESULTS_JSON, SUCCESS_PNG
 
-__all__ = ["CONFIG_JSON", "EPISODES_JSONL", "VIDEO_DIR", "ConfigMismatchError", "prepare_out_dir"]
+__all__ = ["CONFIG_JSON", "EPISODES_JSONL", "INFRA_JSONL", "VIDEO_DIR", "ConfigMismatchError", "prepare_out_dir"]
 
 CONFIG_JSON = "config.json"
 EPISODES_JSONL = "episodes.jsonl"
+INFRA_JSONL = "infra_failures.jsonl"  # attempts lost to failed simulator workers (not episodes)
 VIDEO_DIR = "videos"
-_OUTPUTS = (CONFIG_JSON, EPISODES_JSONL, RESULTS_JSON, REPORT_HTML, SUCCESS_PNG, LATENCY_PNG)
+_OUTPUTS = (CONFIG_JSON, EPISODES_JSONL, INFRA_JSONL, RESULTS_JSON, REPORT_HTML, SUCCESS_PNG, LATENCY_PNG)
 
 
 class ConfigMismatchError(ValueError):

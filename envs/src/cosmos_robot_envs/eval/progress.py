@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from cosmos_robot_envs.eval.records import EpisodeRecord
+from cosmos_robot_envs.eval.records import EpisodeRecord, InfraEvent
 from cosmos_robot_envs.eval.runner import EvalCallbacks
 from cosmos_robot_envs.progress import EpisodeBar
 
@@ -43,3 +43,14 @@ class RichProgress(EpisodeBar, EvalCallbacks):
         self.done += 1
         self.successes += int(record.success)
         self.advance(success=self._success())
+
+    def infra_failure(self, event: InfraEvent) -> None:
+        what = {
+            "recovered": "a fresh worker's reset went on",
+            "retried": "running it again with the same seed",
+            "missing": "no retry left: left missing, rerun the same command to complete it",
+        }[event.action]
+        self.print(
+            f"infra failure ({event.reason}, in {event.phase}) on {event.task} #{event.episode} (seed {event.seed}), "
+            f"attempt {event.attempt}: {what}; not counted as the policy's"
+        )

@@ -7,6 +7,13 @@ seed (see ``config.py``), the totals of a resumed run equal those of an uninterr
 summary (``results.json``, the HTML report) is recomputed from this file, never accumulated.
 
 A line cut short by a crash mid-write is dropped (and cut from the file) on load.
+
+Infrastructure failures (a simulator worker that crashed, hung or raised) are not episodes: the
+policy never got to finish, so they go to ``infra_failures.jsonl`` (one :class:`InfraEvent` per
+failure, with what was done about it) and never into ``episodes.jsonl``. A scheduled episode without
+a record is *missing*, and a rerun of the same command runs exactly the missing ones. Records written
+before this split kept infrastructure failures as episodes with a ``worker_error``;
+:attr:`EpisodeRecord.infra_failure` marks them so they count as missing too.
 """
 
 from __future__ import annotations
@@ -19,7 +26,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EpisodeRecord", "append_record", "latency_summary", "load_records"]
+__all__ = [
+    "EpisodeRecord",
+    "InfraEvent",
+    "append_event",
+    "append_record",
+    "latency_summary",
+    "load_events",
+    "load_records",
+]
 
 
 def latency_summary(latencies_ms: list[float]) -> dict[str, float]:
@@ -46,16 +61,22 @@ class EpisodeRecord:
     success: bool
     steps: int  # control steps taken
     episode_return: float  # sum of rewards ("return" in the JSONL)
-    truncated_reason: str | None = None  # "max_steps", or the vector layer's "worker_crashed" / ...
-    worker_error: str | None = None  # the failed worker's message, when there was one
+    truncated_reason: str | None = None  # "max_steps" (or, in records of older runs, "worker_crashed" / ...)
+    worker_error: str | None = None  # only in records of older runs: the failed worker's message
     latency: dict[str, float] = field(default_factory=dict)  # latency_summary of this episode's queries
     latencies_ms: list[float] = field(default_factory=list)  # every query latency this episode waited for
     video: str | None = None  # path relative to the output folder
     wall_s: float = 0.0  # wall time from reset to the last step
+    infra_failures: int = 0  # attempts of this episode (same seed) lost to a failed worker before this one
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.task, self.episode)
+
+    @property
+    def infra_failure(self) -> bool:
+        """A record of an older run that kept a failed worker's episode: missing, not a policy outcome."""
+        return self.worker_error is not None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -68,32 +89,79 @@ class EpisodeRecord:
         return cls(**data)
 
 
-def append_record(path: Path, record: EpisodeRecord) -> None:
-    """Append one line and push it to disk before the episode counts as done."""
-    line = json.dumps(record.to_json(), separators=(",", ":"), allow_nan=False)
+@dataclass
+class InfraEvent:
+    """One attempt of an episode lost to (or, for ``recovered``, delayed by) a failed simulator worker."""
+
+    task: str
+    episode: int
+    seed: int
+    attempt: int  # 1 for the episode's first failure in this run, 2 for the next, ...
+    phase: str  # "reset" or "step": when the worker failed
+    reason: str  # "reset_timeout", "reset_crashed", "reset_error", "worker_crashed", "worker_timeout", "env_error"
+    error: str  # the failed worker's message
+    action: str  # "recovered" (a fresh worker's reset went on), "retried" (rescheduled, same seed), "missing"
+    steps: int = 0  # steps the lost attempt had taken
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.task, self.episode)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _append_line(path: Path, data: dict[str, Any]) -> None:
+    line = json.dumps(data, separators=(",", ":"), allow_nan=False)
     with open(path, "a", encoding="utf-8") as f:
         f.write(line + "\n")
         f.flush()
         os.fsync(f.fileno())
 
 
-def load_records(path: Path) -> dict[tuple[str, int], EpisodeRecord]:
-    """The records in ``path`` by (task, episode); an unfinished last line is removed from the file."""
+def append_record(path: Path, record: EpisodeRecord) -> None:
+    """Append one line and push it to disk before the episode counts as done."""
+    _append_line(path, record.to_json())
+
+
+def append_event(path: Path, event: InfraEvent) -> None:
+    """Append one infrastructure failure to ``path`` (``infra_failures.jsonl``)."""
+    _append_line(path, event.to_json())
+
+
+def _lines(path: Path) -> list[tuple[int, str]]:
+    """Numbered non-empty lines of ``path``; an unfinished last line is removed from the file."""
     if not path.exists():
-        return {}
+        return []
     raw = path.read_bytes()
     if raw and not raw.endswith(b"\n"):
         keep = raw.rfind(b"\n") + 1
         with open(path, "r+b") as f:
             f.truncate(keep)
         raw = raw[:keep]
+    return [(n, line) for n, line in enumerate(raw.decode("utf-8").splitlines(), 1) if line.strip()]
+
+
+def load_records(path: Path) -> dict[tuple[str, int], EpisodeRecord]:
+    """The records in ``path`` by (task, episode), the latest per key; an unfinished last line is removed."""
     records: dict[tuple[str, int], EpisodeRecord] = {}
-    for lineno, line in enumerate(raw.decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for lineno, line in _lines(path):
         try:
             record = EpisodeRecord.from_json(json.loads(line))
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}:{lineno}: not an episode record ({exc}); use --overwrite to start fresh") from exc
         records[record.key] = record
     return records
+
+
+def load_events(path: Path) -> list[InfraEvent]:
+    """Every infrastructure failure in ``path``, in the order they happened."""
+    events: list[InfraEvent] = []
+    for lineno, line in _lines(path):
+        try:
+            events.append(InfraEvent(**json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(
+                f"{path}:{lineno}: not an infra failure record ({exc}); use --overwrite to start fresh"
+            ) from exc
+    return events

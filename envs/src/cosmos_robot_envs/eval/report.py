@@ -85,15 +85,17 @@ def _table(results: dict[str, Any]) -> str:
         rows.append(
             f"<tr><td>{html.escape(task)}</td><td>{s['successes']}/{s['episodes']}</td>"
             f"<td>{100 * s['success_rate']:.1f}%</td><td>[{100 * s['ci95_low']:.1f}%, {100 * s['ci95_high']:.1f}%]</td>"
-            f"<td>{s['mean_steps']:.1f}</td><td>{s['truncated']}</td></tr>"
+            f"<td>{s['mean_steps']:.1f}</td><td>{s['truncated']}</td>"
+            f"<td>{s.get('infra_failures', 0)}</td><td>{s.get('missing', 0)}</td></tr>"
         )
     t = results["totals"]
     rows.append(
         f"<tr class='total'><td>total</td><td>{t['successes']}/{t['episodes']}</td>"
         f"<td>{100 * t['success_rate']:.1f}%</td><td>[{100 * t['ci95_low']:.1f}%, {100 * t['ci95_high']:.1f}%]</td>"
-        f"<td></td><td>{sum(t['truncated_reasons'].values())}</td></tr>"
+        f"<td></td><td>{sum(t['truncated_reasons'].values())}</td>"
+        f"<td>{t.get('infra_failures', 0)}</td><td>{t.get('missing', 0)}</td></tr>"
     )
-    names = ("task", "successes", "rate", "95% CI (Wilson)", "mean steps", "truncated")
+    names = ("task", "successes", "rate", "95% CI (Wilson)", "mean steps", "truncated", "infra failures", "missing")
     head = "<tr>" + "".join(f"<th>{n}</th>" for n in names) + "</tr>"
     return f"<table id='summary'>{head}{''.join(rows)}</table>"
 
@@ -117,12 +119,17 @@ def _failures(results: dict[str, Any]) -> str:
     for task, s in results["tasks"].items():
         seeds = s.get("failed_seeds", [])
         infra = s.get("infra_failures", 0)
-        if not seeds and not infra:
+        if not seeds and not infra and not s.get("missing"):
             continue
         text = f"<b>{html.escape(task)}</b>: "
         text += f"seeds {', '.join(str(x) for x in seeds)}" if seeds else "no policy failure"
         if infra:
-            text += f"; {infra} episode(s) lost to a crashed or hung simulator worker (not counted as the policy's)"
+            text += (
+                f"; {infra} attempt(s) lost to a crashed or hung simulator worker (retried with the same seed, "
+                "not counted as the policy's)"
+            )
+        if s.get("missing"):
+            text += f"; {s['missing']} episode(s) missing: rerun the same command to complete them"
         items.append(f"<li>{text}</li>")
     return f"<ul id='failures'>{''.join(items)}</ul>" if items else "<p>no failed episodes</p>"
 
@@ -134,7 +141,8 @@ def _header(results: dict[str, Any]) -> list[str]:
     status = (
         "complete"
         if results.get("complete")
-        else f"incomplete: {done} of {results.get('episodes_scheduled', '?')} episodes recorded"
+        else f"incomplete: {done} of {results.get('episodes_scheduled', '?')} episodes recorded "
+        "(rerun the same command to complete it)"
     )
     version = results.get("versions", {}).get("cosmos-robot-envs", "unknown")
     return [

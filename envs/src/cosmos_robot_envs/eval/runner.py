@@ -8,12 +8,18 @@ How a run goes:
 2. the envs whose action queue is empty are queried together (one request through
    :class:`ChunkSource`) and execute ``replan_steps`` actions of their chunk; with ``align_starts``
    episodes start on replan boundaries, so every request carries all the envs (see the scheduler);
-3. a finished episode (success, time limit, or a crashed / hung worker, which the vector layer reports
-   as ``truncated`` with a reason) is appended to the JSONL; its MP4 is written when it is one of the
-   first ``video_episodes`` of its task or, with ``video_failures``, one of the first
+3. a finished episode (success or time limit) is appended to the JSONL; its MP4 is written when it
+   is one of the first ``video_episodes`` of its task or, with ``video_failures``, one of the first
    ``FAILURE_VIDEOS_PER_TASK`` policy failures of its task (frames are kept in memory only for
    episodes that may need them);
-4. the summary, charts and report are recomputed from all records. A rerun with nothing left to do
+4. an attempt lost to a crashed, hung or raising simulator worker (the vector layer reports it as
+   ``truncated`` with a reason, or as a failed reset) is not the policy's failure: it goes to
+   ``infra_failures.jsonl`` and to ``callbacks.infra_failure``, and the episode runs again with the
+   same seed, at most ``infra_retries`` times, after the queue; one still lost stays *missing*
+   (``results["complete"]`` is False) and a rerun of the same command runs exactly the missing
+   episodes. A reset that hung or crashed and worked on the vector layer's own retry is reported the
+   same way (``recovered``), since it cost up to ``reset_timeout_s``;
+5. the summary, charts and report are recomputed from all records. A rerun with nothing left to do
    keeps the report and charts as they are and the throughput of the run that did the episodes.
 
 The policy object comes from the caller (a ``WebsocketClientPolicy`` or anything loaded in-process):
@@ -30,7 +36,7 @@ import datetime
 import importlib.metadata
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,19 +47,29 @@ from cosmos_robot_client.base_policy import BasePolicy
 from cosmos_robot_envs.episodes import EpisodeHooks, EpisodeOutcome, EpisodeScheduler, LiveEpisode, Step, obs_row
 from cosmos_robot_envs.eval.chunks import ChunkSource
 from cosmos_robot_envs.eval.config import FAILURE_VIDEOS_PER_TASK, EpisodeSpec, EvalConfig, build_schedule
-from cosmos_robot_envs.eval.outdir import EPISODES_JSONL, VIDEO_DIR, prepare_out_dir
-from cosmos_robot_envs.eval.records import EpisodeRecord, append_record, latency_summary, load_records
+from cosmos_robot_envs.eval.outdir import EPISODES_JSONL, INFRA_JSONL, VIDEO_DIR, prepare_out_dir
+from cosmos_robot_envs.eval.records import (
+    EpisodeRecord,
+    InfraEvent,
+    append_event,
+    append_record,
+    latency_summary,
+    load_events,
+    load_records,
+)
 from cosmos_robot_envs.eval.report import REPORT_HTML, RESULTS_JSON, write_report
 from cosmos_robot_envs.eval.stats import summarize
 from cosmos_robot_envs.eval.suites import Suite, get_suite
 from cosmos_robot_envs.eval.video import write_mp4
 from cosmos_robot_envs.eval.wire import WireMapping, spec_from_metadata
-from cosmos_robot_envs.vector import BatchedEnv, make_vector_env
+from cosmos_robot_envs.vector import RESET_FAILURE, BatchedEnv, make_vector_env
 
 __all__ = ["EvalCallbacks", "run_eval"]
 
 CHECKPOINT_KEYS = ("checkpoint", "ckpt", "checkpoint_path", "model_path")  # metadata naming the served weights
 FAMILY_KEYS = ("family", "type", "policy")  # metadata naming the model family / policy class
+# the vector layer's failure reasons, when the worker failed in a reset rather than a step
+RESET_REASONS = {"worker_timeout": "reset_timeout", "worker_crashed": "reset_crashed", "env_error": "reset_error"}
 
 
 class EvalCallbacks:
@@ -64,6 +80,9 @@ class EvalCallbacks:
 
     def episode(self, record: EpisodeRecord) -> None:
         """Called after each episode is written to disk."""
+
+    def infra_failure(self, event: InfraEvent) -> None:
+        """Called after an attempt lost to (or delayed by) a failed simulator worker is written to disk."""
 
 
 def _jsonable(value: Any, depth: int = 0) -> Any:
@@ -100,14 +119,17 @@ class _EvalHooks(EpisodeHooks[EpisodeSpec]):
         wire: WireMapping,
         out: Path,
         filmed_failures: dict[str, int],
-        on_record: Callable[[EpisodeRecord], None],
+        callbacks: EvalCallbacks,
     ) -> None:
         self.config, self.suite, self.chunks, self.wire, self.out = config, suite, chunks, wire, out
         self.filmed_failures = filmed_failures  # failure MP4s per task so far (resumed ones included)
-        self.on_record = on_record
+        self.callbacks = callbacks
         self.latencies: dict[int, list[float]] = {}
         self.frames: dict[int, list[np.ndarray]] = {}
         self.finished: list[EpisodeRecord] = []
+        self.lost: dict[tuple[str, int], int] = {}  # attempts lost to a failed worker, per episode, this run
+        self.events: dict[tuple[str, int], int] = {}  # infrastructure events per episode, this run
+        self.retry: list[EpisodeSpec] = []  # lost episodes to run again (same seed) after the queue
 
     def _may_film(self, spec: EpisodeSpec) -> bool:
         """Keep frames: a scheduled video, or a possible failure video while its task has room for one."""
@@ -118,6 +140,10 @@ class _EvalHooks(EpisodeHooks[EpisodeSpec]):
 
     def started(self, ep: LiveEpisode[EpisodeSpec], obs: dict[str, Any], info: dict[str, Any]) -> None:
         self.latencies[ep.position] = []
+        failed = info.get(RESET_FAILURE)
+        if isinstance(failed, dict):  # the vector layer's retry of this reset worked: report what it cost
+            reason = str(failed.get("reason"))
+            self._event(ep.spec, "reset", RESET_REASONS.get(reason, reason), str(failed.get("error")), "recovered", 0)
         if self._may_film(ep.spec):
             self.frames[ep.position] = [np.array(obs[self.suite.video_key])]
 
@@ -134,7 +160,31 @@ class _EvalHooks(EpisodeHooks[EpisodeSpec]):
 
     def ended(self, outcomes: Sequence[EpisodeOutcome[EpisodeSpec]], obs: Any) -> None:
         for outcome in outcomes:
-            self._record(outcome)
+            if outcome.infra_failure:
+                self._lose(outcome)
+            else:
+                self._record(outcome)
+
+    def _event(self, spec: EpisodeSpec, phase: str, reason: str, error: str, action: str, steps: int) -> None:
+        attempt = self.events[spec.key] = self.events.get(spec.key, 0) + 1
+        event = InfraEvent(spec.task, spec.index, spec.seed, attempt, phase, reason, error, action, steps)
+        append_event(self.out / INFRA_JSONL, event)
+        self.callbacks.infra_failure(event)
+
+    def _lose(self, outcome: EpisodeOutcome[EpisodeSpec]) -> None:
+        """An attempt lost to a failed worker: rescheduled with its seed while retries are left, else missing."""
+        spec = outcome.spec
+        started = self.latencies.pop(outcome.position, None) is not None
+        self.frames.pop(outcome.position, None)
+        reason = str(outcome.reason)
+        if not started:
+            reason = RESET_REASONS.get(reason, f"reset_{reason}")
+        lost = self.lost[spec.key] = self.lost.get(spec.key, 0) + 1
+        action = "retried" if lost <= self.config.infra_retries else "missing"
+        if action == "retried":
+            self.retry.append(spec)
+        phase = "step" if started else "reset"
+        self._event(spec, phase, reason, str(outcome.error), action, outcome.steps)
 
     def _video(self, outcome: EpisodeOutcome[EpisodeSpec]) -> str | None:
         spec = outcome.spec
@@ -163,10 +213,11 @@ class _EvalHooks(EpisodeHooks[EpisodeSpec]):
             latencies_ms=[round(x, 3) for x in latencies],
             video=self._video(outcome),
             wall_s=round(outcome.wall_s, 3),
+            infra_failures=self.lost.get(outcome.spec.key, 0),
         )
         append_record(self.out / EPISODES_JSONL, record)
         self.finished.append(record)
-        self.on_record(record)
+        self.callbacks.episode(record)
 
 
 @dataclass
@@ -190,13 +241,18 @@ def _evaluate(
     filmed_failures: dict[str, int],
     callbacks: EvalCallbacks,
 ) -> _Work:
-    """Run the ``todo`` episodes; each is on disk (and reported to ``callbacks``) as soon as it ends."""
+    """Run the ``todo`` episodes; each is on disk (and reported to ``callbacks``) as soon as it ends.
+
+    Episodes lost to a failed worker run again, with their seed, in rounds after the queue.
+    """
     t_setup = time.perf_counter()
     policy.reset()
     venv: BatchedEnv = make_vector_env(
         suite.make_env(config.tasks, config.image_size, config.max_steps),
         num_envs=min(config.num_envs, len(todo)),
         mode=config.vector_mode,  # type: ignore[arg-type]
+        step_timeout=config.step_timeout_s,
+        reset_timeout=config.reset_timeout_s,
     )
     try:
         shape = venv.single_action_space.shape
@@ -211,12 +267,15 @@ def _evaluate(
         )
         input_spec = getattr(policy, "input_spec", None) or spec_from_metadata(metadata)
         wire = WireMapping(suite.wire_keys, input_spec)
-        hooks = _EvalHooks(config, suite, chunks, wire, out, filmed_failures, callbacks.episode)
+        hooks = _EvalHooks(config, suite, chunks, wire, out, filmed_failures, callbacks)
         scheduler = EpisodeScheduler[EpisodeSpec](
             venv, replan_steps=config.replan_steps, align_starts=config.align_starts, reset_options=suite.reset_options
         )
         t_loop = time.perf_counter()
-        scheduler.run(todo, hooks)
+        queue = todo
+        while queue:
+            scheduler.run(queue, hooks)
+            queue, hooks.retry = hooks.retry, []
         return _Work(
             hooks.finished, chunks.requests, chunks.observations, t_loop - t_setup, time.perf_counter() - t_loop
         )
@@ -240,9 +299,10 @@ def run_eval(
     ``results.json`` content. Raises ``ConfigMismatchError`` when ``out_dir`` holds another run,
     ``PolicyOutputError`` when a reply cannot drive the env.
 
-    A rerun of a complete evaluation runs nothing, leaves ``report.html`` and the charts alone, and
-    only refreshes the invocation counts of ``results.json`` (its throughput stays the one measured by
-    the run that did the episodes).
+    A rerun runs the scheduled episodes that have no policy-scored record (never run, interrupted, or
+    lost to failed workers past ``infra_retries``). A rerun of a complete evaluation runs nothing,
+    leaves ``report.html`` and the charts alone, and only refreshes the invocation counts of
+    ``results.json`` (its throughput stays the one measured by the run that did the episodes).
     """
     callbacks = callbacks or EvalCallbacks()
     out = Path(out_dir)
@@ -250,11 +310,11 @@ def run_eval(
     tasks = suite.resolve_tasks(config.tasks)
     config = dataclasses.replace(config, tasks=tasks)  # saved resolved: "all tasks" is explicit on disk
     prepare_out_dir(out, config, overwrite=overwrite)
-    records = load_records(out / EPISODES_JSONL)
+    scored = {k: r for k, r in load_records(out / EPISODES_JSONL).items() if not r.infra_failure}
     schedule = build_schedule(config, tasks)
     wanted = {s.key for s in schedule}
-    resumed = [r for key, r in records.items() if key in wanted]
-    todo = [s for s in schedule if s.key not in records]
+    resumed = [r for key, r in scored.items() if key in wanted]
+    todo = [s for s in schedule if s.key not in scored]
     callbacks.start(len(schedule), len(resumed), sum(r.success for r in resumed))
 
     metadata = _jsonable(dict(policy.metadata or {}))
@@ -267,7 +327,8 @@ def run_eval(
         [r for r in load_records(out / EPISODES_JSONL).values() if r.key in wanted],
         key=lambda r: (tasks.index(r.task), r.episode),
     )
-    results = _results(config, suite, tasks, all_records, len(schedule), policy_kind, metadata)
+    events = [e for e in load_events(out / INFRA_JSONL) if e.key in wanted]
+    results = _results(config, suite, tasks, all_records, schedule, events, policy_kind, metadata)
     results["throughput"] = _throughput(work, len(resumed), results["created_at"])
     saved = _saved_results(out) if not todo else None
     if saved is not None and "throughput" in saved:  # nothing ran: keep what the working run measured
@@ -288,15 +349,24 @@ def _results(
     suite: Suite,
     tasks: tuple[str, ...],
     records: list[EpisodeRecord],
-    scheduled: int,
+    schedule: list[EpisodeSpec],
+    events: list[InfraEvent],
     policy_kind: str,
     metadata: dict[str, Any],
 ) -> dict[str, Any]:
     """The ``results.json`` content but its throughput."""
     results: dict[str, Any] = {"suite": suite.name, "config": _jsonable(config.to_dict())}
-    results["complete"] = len(records) == scheduled
-    results["episodes_scheduled"] = scheduled
-    results.update(summarize(records, tasks))
+    scored = {r.key for r in records if not r.infra_failure}
+    missing = [s for s in schedule if s.key not in scored]
+    results["complete"] = not missing
+    results["episodes_scheduled"] = len(schedule)
+    results.update(summarize(records, tasks, events, [s.key for s in missing]))
+    last_reason = {e.key: e.reason for e in events}
+    results["episodes_missing"] = [
+        {"task": s.task, "episode": s.index, "seed": s.seed, "reason": last_reason.get(s.key, "not_run")}
+        for s in missing
+    ]
+    results["infra_failures"] = [{k: v for k, v in e.to_json().items() if k != "error"} for e in events]
     results["policy"] = {
         "source": config.policy,
         "kind": policy_kind,
@@ -304,7 +374,9 @@ def _results(
         "metadata": metadata,
     }
     results["episodes"] = [
-        {k: v for k, v in r.to_json().items() if k not in ("latencies_ms", "worker_error")} for r in records
+        {k: v for k, v in r.to_json().items() if k not in ("latencies_ms", "worker_error")}
+        for r in records
+        if not r.infra_failure
     ]
     results["created_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     results["versions"] = {"cosmos-robot-envs": _version("cosmos-robot-envs")}

@@ -4,6 +4,10 @@ Why Wilson and not the normal approximation: evaluations run 10-50 episodes per 
 policies sit near 100 %, where ``p +- 1.96 sqrt(p(1-p)/n)`` collapses to a zero-width interval (and
 leaves [0, 1] near 0 %). Wilson's interval stays inside [0, 1] and keeps a sensible width: 10/10
 successes give [0.72, 1.00], saying honestly that ten episodes cannot tell 100 % from 80 %.
+
+Rates are over *policy-scored* episodes only: an attempt lost to a crashed or hung simulator worker
+says nothing about the policy, so it is counted apart (``infra_failures``, by reason) and, when its
+retries ran out, its episode is ``missing`` (a rerun completes it), never a failure.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from cosmos_robot_envs.eval.records import EpisodeRecord
+from cosmos_robot_envs.eval.records import EpisodeRecord, InfraEvent
 
 __all__ = ["latency_percentiles", "summarize", "wilson_interval"]
 
@@ -61,16 +65,33 @@ def _rate(successes: int, n: int) -> dict[str, Any]:
 
 def _policy_failure(record: EpisodeRecord) -> bool:
     """Failed, and not because its simulator worker crashed, hung or raised (an infrastructure failure)."""
-    return not record.success and record.worker_error is None
+    return not record.success and not record.infra_failure
 
 
-def summarize(records: Iterable[EpisodeRecord], tasks: Sequence[str]) -> dict[str, Any]:
-    """Totals and per-task stats (in ``tasks`` order) over ``records``.
+def _infra(events: Sequence[InfraEvent], legacy: Sequence[EpisodeRecord]) -> dict[str, int]:
+    """Infrastructure failures by reason (events, plus older runs' records that kept one as an episode)."""
+    reasons: dict[str, int] = {}
+    for reason in [e.reason for e in events] + [str(r.truncated_reason) for r in legacy]:
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return dict(sorted(reasons.items()))
+
+
+def summarize(
+    records: Iterable[EpisodeRecord],
+    tasks: Sequence[str],
+    events: Iterable[InfraEvent] = (),
+    missing: Iterable[tuple[str, int]] = (),
+) -> dict[str, Any]:
+    """Totals and per-task stats (in ``tasks`` order) over the policy-scored ``records``.
 
     Per task, ``failed_seeds`` lists the reset seeds of the episodes the policy failed (episode
-    order), to replay them; ``infra_failures`` counts episodes lost to a crashed or hung worker.
+    order), to replay them; ``infra_failures`` counts attempts lost to (or delayed by) a crashed or
+    hung worker (``events``), ``missing`` the scheduled episodes with no policy-scored record.
     """
-    recs = list(records)
+    everything = list(records)
+    recs = [r for r in everything if not r.infra_failure]
+    legacy = [r for r in everything if r.infra_failure]
+    evs, gone = list(events), list(missing)
     per_task: dict[str, Any] = {}
     for task in tasks:
         mine = [r for r in recs if r.task == task]
@@ -78,7 +99,10 @@ def summarize(records: Iterable[EpisodeRecord], tasks: Sequence[str]) -> dict[st
         stats["mean_steps"] = round(float(np.mean([r.steps for r in mine])), 3) if mine else 0.0
         stats["mean_return"] = round(float(np.mean([r.episode_return for r in mine])), 6) if mine else 0.0
         stats["truncated"] = sum(r.truncated_reason is not None for r in mine)
-        stats["infra_failures"] = sum(r.worker_error is not None for r in mine)
+        stats["infra_failures"] = sum(
+            _infra([e for e in evs if e.task == task], [r for r in legacy if r.task == task]).values()
+        )
+        stats["missing"] = sum(t == task for t, _ in gone)
         stats["failed_seeds"] = [r.seed for r in sorted(mine, key=lambda r: r.episode) if _policy_failure(r)]
         per_task[task] = stats
     totals = _rate(sum(r.success for r in recs), len(recs))
@@ -87,7 +111,10 @@ def summarize(records: Iterable[EpisodeRecord], tasks: Sequence[str]) -> dict[st
         if r.truncated_reason is not None:
             reasons[r.truncated_reason] = reasons.get(r.truncated_reason, 0) + 1
     totals["truncated_reasons"] = dict(sorted(reasons.items()))
-    totals["infra_failures"] = sum(r.worker_error is not None for r in recs)
+    infra = _infra(evs, legacy)
+    totals["infra_failures"] = sum(infra.values())
+    totals["infra_reasons"] = infra
+    totals["missing"] = len(gone)
     totals["mean_task_success_rate"] = (
         float(np.mean([s["success_rate"] for s in per_task.values()])) if per_task else 0.0
     )

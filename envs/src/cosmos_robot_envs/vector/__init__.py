@@ -38,15 +38,19 @@ its previous observation, and ``info["truncated_reason"]`` (``"worker_crashed"``
 ``"worker_timeout"`` or ``"env_error"``) plus ``info["worker_error"]`` (message or traceback); the
 other envs' results are unaffected. A crash or hang during ``reset`` is retried once on the fresh
 worker; a reset that still fails reports the same two info keys and leaves the env needing a reset.
+A reset that worked only on the retry says so: its info carries ``info["reset_failure"]``
+(``{"reason", "error"}`` of the failed attempt), so a caller can report the lost time instead of
+never hearing of it.
 """
 
-from cosmos_robot_envs.vector.base import BatchedEnv
+from cosmos_robot_envs.vector.base import RESET_FAILURE, BatchedEnv
 from cosmos_robot_envs.vector.env_factory import EnvFactory
 from cosmos_robot_envs.vector.factory import Mode, make_vector_env
 from cosmos_robot_envs.vector.runner import ENV_ERROR, WORKER_CRASHED, WORKER_TIMEOUT
 
 __all__ = [
     "ENV_ERROR",
+    "RESET_FAILURE",
     "WORKER_CRASHED",
     "WORKER_TIMEOUT",
     "BatchedEnv",

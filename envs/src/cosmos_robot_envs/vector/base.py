@@ -24,7 +24,10 @@ from gymnasium.vector.utils import batch_space
 from cosmos_robot_envs.vector.runner import ENV_ERROR, EnvFn, EnvReply, Failure, Outcome
 from cosmos_robot_envs.vector.spaces import ActionLayout, ObsLayout
 
-__all__ = ["BatchObs", "BatchedEnv", "ResetCmd", "StepCmd", "env_fn_list"]
+__all__ = ["RESET_FAILURE", "BatchObs", "BatchedEnv", "ResetCmd", "StepCmd", "env_fn_list"]
+
+# info key of a reset that succeeded only on its retry: {"reason", "error"} of the first attempt
+RESET_FAILURE = "reset_failure"
 
 BatchObs = Any  # dict[str, np.ndarray | list[str]] for Dict spaces, else np.ndarray (or list[str] for Text)
 Seeds = int | Sequence[int | None] | None
@@ -116,6 +119,7 @@ class BatchedEnv(ABC):
         outcomes = self._run(commands, self.reset_timeout) if commands else {}
         # a crash or hang during reset gets one more try on the fresh worker; an env error would repeat
         retry = {i: commands[i] for i, o in outcomes.items() if isinstance(o, Failure) and o.reason != ENV_ERROR}
+        first_failures = {i: outcomes[i] for i in retry}
         if retry:
             outcomes.update(self._run(retry, self.reset_timeout))
         infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
@@ -124,6 +128,9 @@ class BatchedEnv(ABC):
                 self._write_row(i, outcome)
                 self._blocked[i] = None
                 infos[i] = outcome.info
+                failed = first_failures.get(i)
+                if isinstance(failed, Failure):  # the retry worked: say what it cost, never hide it
+                    infos[i] = {**outcome.info, RESET_FAILURE: {"reason": failed.reason, "error": failed.message}}
             else:
                 self._restore_row(i)
                 self._blocked[i] = f"its last reset failed ({outcome.reason})"

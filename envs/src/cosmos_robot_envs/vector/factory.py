@@ -37,7 +37,8 @@ def make_vector_env(
     env. ``mode``: ``"sync"`` (in-process), ``"async"`` (a process per env, shared memory, crash and
     hang recovery) or ``"ray"`` (a Ray actor per env). ``step_timeout`` / ``reset_timeout``: seconds
     before a silent worker counts as hung (None waits forever; ignored by ``"sync"``);
-    ``reset_timeout`` also bounds a worker's start-up. ``start_method``: ``"forkserver"`` (default on
+    ``reset_timeout`` also bounds a restarted worker's start-up (the first start of ``"async"`` workers
+    waits at least 120 s: imports and the first env build). ``start_method``: ``"forkserver"`` (default on
     Linux) or ``"spawn"`` for ``"async"``. ``ray_actor_options``: passed to ``ray.remote`` (default
     ``{"num_cpus": 1}``).
 

@@ -39,6 +39,7 @@ from cosmos_robot_envs.vector.worker import SharedBlock, worker_main
 
 __all__ = ["AsyncBatchedEnv", "default_start_method"]
 
+START_TIMEOUT_S = 120.0  # the first start of the workers waits at least this long (imports, first env build)
 _STEP = pack({"cmd": "step"})
 _CLOSE = pack({"cmd": "close"})
 
@@ -85,6 +86,7 @@ class AsyncBatchedEnv(BatchedEnv):
         reset_timeout: float | None = 120.0,
         start_method: str | None = None,
         close_grace: float = 5.0,
+        start_timeout: float | None = None,
     ) -> None:
         self._env_fns = env_fn_list(env_fns)
         self._ctx: Any = mp.get_context(start_method or default_start_method())
@@ -99,7 +101,9 @@ class AsyncBatchedEnv(BatchedEnv):
         self._spaces: dict[str, Any] | None = None
         try:
             self._workers.extend(self._spawn(i) for i in range(len(self._env_fns)))
-            obs_space, act_space = self._await_first_ready(reset_timeout)
+            if start_timeout is None and reset_timeout is not None:  # a first start also imports and builds
+                start_timeout = max(reset_timeout, START_TIMEOUT_S)
+            obs_space, act_space = self._await_first_ready(start_timeout)
             super().__init__(
                 len(self._env_fns), obs_space, act_space, step_timeout=step_timeout, reset_timeout=reset_timeout
             )

@@ -29,13 +29,18 @@ __all__ = ["FrameSet", "TrainData", "augment_images", "ensure_dataset", "load_tr
 
 
 def ensure_dataset(cfg: DataConfig, log: Callable[[str], None] = print) -> dict[str, Any] | None:
-    """Record ``cfg.root`` from the scripted experts when it is missing and ``record_if_missing``.
+    """Record ``cfg.root`` from the scripted experts when it is missing (or resume its interrupted
+    recording) and ``record_if_missing``.
 
-    Returns the recorder's summary when it recorded, None when the dataset was already there.
+    Returns the recorder's summary when it recorded, None when the dataset was already there. A
+    recording that was killed is refused by the recorder (and the loader) with the fix.
     """
+    from cosmos_robot.data.local import recording_status
+
     root = Path(cfg.root)
-    if (root / "meta" / "info.json").exists():
-        return None
+    status = recording_status(root)
+    if status in ("complete", "unrecorded") or (status != "missing" and not cfg.record_if_missing):
+        return None  # the loader checks it is whole (an interrupted or killed one is refused with the fix)
     if not cfg.record_if_missing:
         raise FileNotFoundError(
             f"data.root: {root} is not a recorded dataset (no meta/info.json); record it with "
@@ -44,7 +49,8 @@ def ensure_dataset(cfg: DataConfig, log: Callable[[str], None] = print) -> dict[
     from cosmos_robot.data.record import RecordConfig, record_demonstrations
 
     log(
-        f"recording {cfg.episodes_per_task} expert episodes per task ({', '.join(cfg.tasks)}) "
+        f"{'resuming the interrupted recording of' if status == 'interrupted' else 'recording'} "
+        f"{cfg.episodes_per_task} expert episodes per task ({', '.join(cfg.tasks)}) "
         f"at {cfg.record_image_size} px into {root}"
     )
     record = RecordConfig(
