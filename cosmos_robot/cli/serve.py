@@ -23,6 +23,11 @@ TRANSPORT_CHOICES = {
 }
 
 
+def _mib_option(field: str, flag: str, help: str) -> Any:
+    """A ``ServerConfig`` byte-count field offered on the command line in MiB (the config keeps bytes)."""
+    return SERVER.option(field, flag, help=help, from_config=lambda n: n / MIB, to_config=lambda mb: int(mb * MIB))
+
+
 ALLOW_DOWNLOAD = typer.Option(
     False,
     "--allow-download",
@@ -30,12 +35,10 @@ ALLOW_DOWNLOAD = typer.Option(
     "base model) when they are not in the local cache. Off: serving never downloads.",
 )
 
-MAX_MESSAGE_MB_OPTION = SERVER.option(
+MAX_MESSAGE_MB_OPTION = _mib_option(
     "max_message_bytes",
     "--max-message-mb",
-    help="Refuse requests larger than this many MiB, before decoding them.",
-    from_config=lambda n: n / MIB,
-    to_config=lambda mb: int(mb * MIB),
+    "Refuse requests larger than this many MiB, before decoding them.",
 )
 
 GROOT_GENERATION_OPTION = SERVER.option(
@@ -50,20 +53,16 @@ COSMOS_ERRORS_OPTION = SERVER.option(
     '200 with {"action": [], "error": ...} (\'in_body\') so its client logs the message.',
 )
 
-MAX_INFLIGHT_MB_PER_CLIENT_OPTION = SERVER.option(
+MAX_INFLIGHT_MB_PER_CLIENT_OPTION = _mib_option(
     "max_inflight_bytes_per_client",
     "--max-inflight-mb-per-client",
-    help="MiB of observations one connection may have in flight; more get 'server busy' (429).",
-    from_config=lambda n: n / MIB,
-    to_config=lambda mb: int(mb * MIB),
+    "MiB of observations one connection may have in flight; more get 'server busy' (429).",
 )
 
-MAX_QUEUED_MB_OPTION = SERVER.option(
+MAX_QUEUED_MB_OPTION = _mib_option(
     "max_queued_bytes",
     "--max-queued-mb",
-    help="MiB of observations in flight over all clients; more get 'server busy' (503).",
-    from_config=lambda n: n / MIB,
-    to_config=lambda mb: int(mb * MIB),
+    "MiB of observations in flight over all clients; more get 'server busy' (503).",
 )
 
 
@@ -134,6 +133,7 @@ def command(
     max_sessions: int = SERVER.option("max_sessions"),
     max_connections: int = SERVER.option("max_connections"),
     max_map_keys: int = SERVER.option("max_map_keys"),
+    max_list_items: int = SERVER.option("max_list_items"),
     max_elements: int = SERVER.option("max_elements"),
     header_timeout_s: float = SERVER.option("header_timeout_s"),
     body_timeout_s: float = SERVER.option("body_timeout_s"),

@@ -63,7 +63,8 @@ def test_scan_counts_every_msgpack_type_exactly() -> None:
         obj = {"a": items, "b": [{"c": items}]}
         assert check_structure(msgpack.packb(obj, use_bin_type=True)) == count_objects(obj)
     wide = {"m": dict.fromkeys(range(70000), 0), "l": [0] * 70000}  # 32-bit map and array counts
-    assert check_structure(msgpack.packb(wide), DecodeLimits(max_map_keys=10**5, max_elements=10**6)) == 210_005
+    limits = DecodeLimits(max_map_keys=10**5, max_list_items=10**5, max_elements=10**6)
+    assert check_structure(msgpack.packb(wide), limits) == 210_005
 
 
 def test_real_observations_fit_the_default_limits() -> None:
@@ -78,10 +79,11 @@ def test_real_observations_fit_the_default_limits() -> None:
     ("payload", "limit"),
     [
         ({f"k{i}": i for i in range(3_000)}, "max_map_keys=1024"),
+        ({"batch": [{"x": 1}] * 3_200}, "3200 items, over max_list_items=1024"),
         ([{f"k{i}": 1 for i in range(1000)} for _ in range(60)], "max_elements=100000"),
         (nested(40), "max_depth=32"),
     ],
-    ids=["keys", "elements", "depth"],
+    ids=["keys", "list", "elements", "depth"],
 )
 def test_structure_over_a_limit_is_refused_by_name(payload: Any, limit: str) -> None:
     with pytest.raises(CodecLimitError, match=limit):

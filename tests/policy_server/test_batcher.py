@@ -4,7 +4,6 @@ admission: per-client round-robin, in-flight caps, departed clients' requests dr
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -13,19 +12,12 @@ import numpy as np
 import pytest
 
 from cosmos_robot_client.base_policy import BasePolicy, BatchPolicy
-from cosmos_robot_server.batcher import (
-    DynamicBatcher,
-    Limits,
-    NonFiniteOutput,
-    PolicyError,
-    ServerBusy,
-    SessionSlot,
-    nonfinite_problem,
-    payload_nbytes,
-    structure_signature,
-)
+from cosmos_robot_server.admission import Limits, ServerBusy
+from cosmos_robot_server.batcher import DynamicBatcher, NonFiniteOutput, PolicyError, SessionSlot
 from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPolicy, StepCounterPolicy
 from cosmos_robot_server.metrics import Metrics
+from cosmos_robot_server.payloads import nonfinite_problem, payload_nbytes, structure_signature
+from tests.policy_server.helpers import RecordingPolicy
 
 
 def obs(n: int = 3) -> dict[str, Any]:
@@ -283,19 +275,6 @@ def test_inflight_caps_refuse_with_server_busy_naming_the_limit() -> None:
         await b.submit(obs(), "a")  # answered requests free their place
 
     asyncio.run(_with_batcher(policy, go, max_wait_ms=1, limits=limits))
-
-
-class RecordingPolicy(BatchPolicy):
-    """Records the tag of every observation it runs; blocks while ``gate`` is closed."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self.gate = threading.Event()
-
-    def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        self.gate.wait(5)
-        self.seen.extend(str(o["tag"]) for o in obs_batch)
-        return [{"actions": np.zeros((2, 2), np.float32)} for _ in obs_batch]
 
 
 def test_forget_drops_queued_requests_of_a_departed_client() -> None:

@@ -10,12 +10,10 @@ its own episode state untouched.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -24,24 +22,14 @@ import pytest
 import zmq
 from websockets.sync.client import ClientConnection, connect
 
-from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.codec import packb, unpackb
 from cosmos_robot_server import PolicyServer, ServerConfig
 from cosmos_robot_server.core import RequestError, ServingCore
 from cosmos_robot_server.example_policies import ConstantBatchPolicy, StepCounterPolicy, libero_input_spec
+from tests.policy_server.helpers import RecordingPolicy, serving
 
 OBS = {"state": np.zeros(3, np.float32), "prompt": "p"}
 _LEGACY = {"legacy": True} if "legacy" in inspect.signature(connect).parameters else {}
-
-
-@contextlib.contextmanager
-def serving(policy: Any, transports: tuple[str, ...] = ("ws",), **config: Any) -> Iterator[PolicyServer]:
-    cfg = ServerConfig(port=0, zmq_port=0, http_port=0, transports=transports, **config)
-    server = PolicyServer(policy, cfg).start_in_thread()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def ws(server: PolicyServer) -> ClientConnection:
@@ -76,20 +64,23 @@ def timed(fn: Any) -> tuple[Any, float]:
 
 
 def test_ws_batch_over_max_client_batch_is_refused_by_name() -> None:
-    with serving(ConstantBatchPolicy(4, 2), max_client_batch=8, max_inflight_per_client=8) as server:
+    with serving(ConstantBatchPolicy(4, 2), ("ws",), max_client_batch=8, max_inflight_per_client=8) as server:
         conn = ws(server)
-        text, took = timed(lambda: ws_call(conn, {"batch": [OBS] * 3200}))
-        assert isinstance(text, str) and "batch of 3200 observations exceeds max_client_batch=8" in text
+        text, took = timed(lambda: ws_call(conn, {"batch": [OBS] * 1000}))
+        assert isinstance(text, str) and "batch of 1000 observations exceeds max_client_batch=8" in text
         assert took < 2.0
+        over = ws(server)  # a list longer than max_list_items is refused from its header, before decoding
+        text = ws_call(over, {"batch": [OBS] * 3200})
+        assert isinstance(text, str) and "3200 items, over max_list_items=1024" in text
         ok = ws(server)
         assert len(ws_call(ok, {"batch": [OBS] * 8})["batch"]) == 8
-        assert server.metrics.counter_value("cosmos_robot_errors_total", transport="ws", kind="bad_request") == 1
+        assert server.metrics.counter_value("cosmos_robot_errors_total", transport="ws", kind="bad_request") == 2
 
 
 def test_ws_batch_flood_does_not_stall_another_client() -> None:
     """A batch of 256 observations takes 64 calls of 20 ms; a single request meanwhile waits ~1 call."""
     policy = ConstantBatchPolicy(4, 2, delay_ms=20)
-    with serving(policy, max_batch_size=4, max_wait_ms=1) as server:
+    with serving(policy, ("ws",), max_batch_size=4, max_wait_ms=1) as server:
         attacker, good = ws(server), ws(server)
         ws_call(good, OBS)  # connected and warm
         flood = threading.Thread(target=lambda: ws_call(attacker, {"batch": [OBS] * 256}, timeout=30))
@@ -133,7 +124,7 @@ def test_zmq_dealer_flood_is_capped_per_client_and_others_stay_prompt() -> None:
 def test_full_server_refuses_with_server_busy_over_ws() -> None:
     policy = ConstantBatchPolicy(4, 2, delay_ms=300)
     cfg = {"max_batch_size": 8, "max_queued_requests": 8, "max_inflight_per_client": 8, "max_client_batch": 8}
-    with serving(policy, **cfg) as server:
+    with serving(policy, ("ws",), **cfg) as server:
         filler, late = ws(server), ws(server)
         busy = threading.Thread(target=lambda: ws_call(filler, {"batch": [OBS] * 8}))
         busy.start()
@@ -165,17 +156,6 @@ def test_queued_bytes_per_client_are_capped() -> None:
             assert "(max_inflight_bytes_per_client=262144)" in errors[0] and errors[0].startswith("server busy")
         finally:
             ctx.destroy(linger=0)
-
-
-class RecordingPolicy(BatchPolicy):
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-        self.gate = threading.Event()
-
-    def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        self.gate.wait(5)
-        self.seen.extend(o["tag"] for o in obs_batch)
-        return [{"actions": np.zeros((2, 2), np.float32)} for _ in obs_batch]
 
 
 def test_connection_closed_drops_its_queued_requests() -> None:

@@ -17,19 +17,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import msgpack
 import pytest
-import zmq
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from cosmos_robot_client.codec import packb, unpackb
-from cosmos_robot_server import PolicyServer, ServerConfig
 from cosmos_robot_server.example_policies import ConstantPolicy
 from cosmos_robot_server.ratelog import RateLimitedLog, RateLimiter, RateLimitFilter, install_library_filters
+from tests.policy_server.helpers import serving, zmq_req
 from tests.policy_server.test_websocket_server import connect, raw_connect, roundtrip
 
 ERRORS = "cosmos_robot_errors_total"
@@ -55,34 +52,21 @@ class GatedPolicy(ConstantPolicy):
         return super().infer(obs)
 
 
-@contextmanager
-def serving(policy: Any, **config: Any) -> Iterator[PolicyServer]:
-    cfg = ServerConfig(port=0, zmq_port=0, http_port=0, transports=("ws", "zmq", "http"), **config)
-    server = PolicyServer(policy, cfg).start_in_thread()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@contextmanager
-def zmq_req(port: int, timeout_ms: int = 3000) -> Iterator[zmq.Socket[bytes]]:
-    ctx = zmq.Context()
-    sock: zmq.Socket[bytes] = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
-    sock.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        yield sock
-    finally:
-        sock.close(0)
-        ctx.term()
-
-
 def zmq_call(port: int, body: bytes) -> Any:
     with zmq_req(port) as sock:
         sock.send(body)
         return unpackb(sock.recv())
+
+
+def post_json(port: int, body: bytes, timeout: float = 5) -> tuple[int, Any]:
+    """POST ``body`` to ``/predict`` as JSON; the reply's status and decoded body."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/predict", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
 
 
 def wait_for(predicate: Any, timeout_s: float = 3.0) -> bool:
@@ -168,12 +152,9 @@ def test_decoder_bombs_get_a_named_error_on_ws_and_zmq(name: str) -> None:
 def test_http_json_body_with_too_many_elements_is_refused_before_parsing() -> None:
     body = json.dumps({f"k{i}": i for i in range(30_000)}).encode()  # json.loads would hold the GIL
     with serving(ConstantPolicy(2, 2), max_elements=10_000) as server:
-        conn = http.client.HTTPConnection("127.0.0.1", server.ports["http"], timeout=5)
-        conn.request("POST", "/predict", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        assert resp.status == 400
-        assert "more than max_elements=10000 elements" in json.loads(resp.read())["error"]
-        conn.close()
+        status, reply = post_json(server.ports["http"], body)
+        assert status == 400
+        assert "more than max_elements=10000 elements" in reply["error"]
 
 
 # -- departed clients ------------------------------------------------------------------------------
@@ -365,13 +346,10 @@ def test_http_slow_body_gets_408_within_the_body_deadline() -> None:
 
 def test_http_oversize_body_413_reaches_a_client_that_sends_it_all() -> None:
     with serving(ConstantPolicy(2, 2), max_message_bytes=64 * 1024) as server:
-        conn = http.client.HTTPConnection("127.0.0.1", server.ports["http"], timeout=10)
         body = b"[" + b"0," * (8 * 1024 * 1024) + b"0]"  # 16 MiB: http.client sends it all before reading
-        conn.request("POST", "/predict", body=body, headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        assert resp.status == 413
-        assert "max_message_bytes=65536" in json.loads(resp.read())["error"]
-        conn.close()
+        status, reply = post_json(server.ports["http"], body, timeout=10)
+        assert status == 413
+        assert "max_message_bytes=65536" in reply["error"]
 
 
 # -- rate-limited logging --------------------------------------------------------------------------

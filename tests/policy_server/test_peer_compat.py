@@ -39,8 +39,8 @@ from cosmos_robot_client.base_policy import BasePolicy
 from cosmos_robot_server import PolicyServer, ServerConfig
 from cosmos_robot_server.example_policies import ConstantPolicy
 from cosmos_robot_server.groot_dialect import GenerationTracker, refused_encoding, request_generation
+from tests.policy_server.helpers import TIMEOUT_MS, zmq_serving
 
-TIMEOUT_MS = 3000
 MODALITY = {
     "video": {"delta_indices": [0], "modality_keys": ["image", "wrist_image"]},
     "state": {"delta_indices": [0], "modality_keys": ["x", "gripper"]},
@@ -131,16 +131,6 @@ class Gr00tN16ClientDouble(_ReqClient):
 
 
 @contextmanager
-def zmq_server(policy: BasePolicy, **config: Any) -> Iterator[int]:
-    cfg = ServerConfig(port=0, zmq_port=0, transports=("zmq",), **config)
-    server = PolicyServer(policy, cfg).start_in_thread()
-    try:
-        yield server.ports["zmq"]
-    finally:
-        server.stop()
-
-
-@contextmanager
 def clients(port: int, *kinds: type[_ReqClient]) -> Iterator[list[Any]]:
     made = [kind(port) for kind in kinds]
     try:
@@ -165,20 +155,20 @@ EXPECTED_KEYS = {name: table["modality_keys"] for name, table in MODALITY.items(
 def test_the_two_generations_decoders_exclude_each_other() -> None:
     """Pinned to N1.6, an N1.5 client fails exactly as the issue reports, and the reverse: no shared form."""
     for pinned, loser in (("n1.6", Gr00tN15ClientDouble), ("n1.5", Gr00tN16ClientDouble)):
-        with zmq_server(ConstantPolicy(), metadata={"modality_config": MODALITY}, groot_generation=pinned) as port:
+        with zmq_serving(ConstantPolicy(), metadata={"modality_config": MODALITY}, groot_generation=pinned) as port:
             with clients(port, loser) as (client,), pytest.raises(TypeError):
                 client.get_modality_config()
 
 
 def test_pinned_generation_serves_a_fresh_n15_client_asking_first() -> None:
     """N1.5's ``inference_service.py --client`` asks for the modality config before anything else."""
-    with zmq_server(ConstantPolicy(), metadata={"modality_config": MODALITY}, groot_generation="n1.5") as port:
+    with zmq_serving(ConstantPolicy(), metadata={"modality_config": MODALITY}, groot_generation="n1.5") as port:
         with clients(port, Gr00tN15ClientDouble) as (client,):
             assert keys_of(client.get_modality_config()) == EXPECTED_KEYS
 
 
 def test_auto_learns_each_peers_generation_from_its_requests() -> None:
-    with zmq_server(ConstantPolicy(), metadata={"modality_config": MODALITY}) as port:
+    with zmq_serving(ConstantPolicy(), metadata={"modality_config": MODALITY}) as port:
         with clients(port, Gr00tN16ClientDouble, Gr00tN15ClientDouble, Gr00tN15ClientDouble) as (n16, n15, late):
             assert keys_of(n16.get_modality_config()) == EXPECTED_KEYS  # nothing seen yet: N1.6
             n15.get_action(flat_obs())  # flat data: N1.5
@@ -230,7 +220,7 @@ def _zip_stream() -> bytes:
 def test_pickle_and_torch_save_requests_are_refused_by_name(
     body: bytes, what: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with zmq_server(ConstantPolicy()) as port, clients(port, Gr00tN16ClientDouble) as (client,):
+    with zmq_serving(ConstantPolicy()) as port, clients(port, Gr00tN16ClientDouble) as (client,):
         client.sock.send(body)
         error = msgpack.unpackb(client.sock.recv())["error"]
         assert what in error and "never unpickles" in error and "cannot decode" not in error
@@ -240,7 +230,7 @@ def test_pickle_and_torch_save_requests_are_refused_by_name(
 
 def test_ordinary_garbage_keeps_the_generic_decode_error() -> None:
     assert refused_encoding(b"\xc1") is None and refused_encoding(b"\x80") is None
-    with zmq_server(ConstantPolicy()) as port, clients(port, Gr00tN16ClientDouble) as (client,):
+    with zmq_serving(ConstantPolicy()) as port, clients(port, Gr00tN16ClientDouble) as (client,):
         client.sock.send(b"\xc1garbage")
         assert msgpack.unpackb(client.sock.recv())["error"].startswith("cannot decode request")
 
@@ -252,7 +242,7 @@ class ExplodingPolicy(ConstantPolicy):
 
 
 def test_zmq_policy_failure_is_one_line_without_traceback(caplog: pytest.LogCaptureFixture) -> None:
-    with zmq_server(ExplodingPolicy()) as port, clients(port, Gr00tN16ClientDouble) as (client,):
+    with zmq_serving(ExplodingPolicy()) as port, clients(port, Gr00tN16ClientDouble) as (client,):
         with pytest.raises(RuntimeError) as info:
             client.get_action(flat_obs())
     message = str(info.value)

@@ -9,21 +9,17 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import msgpack
 import numpy as np
 import pytest
-import zmq
 
 from cosmos_robot_client.base_policy import BasePolicy
 from cosmos_robot_client.zmq_client_policy import ZmqClientPolicy
 from cosmos_robot_server import PolicyServer, ServerConfig
 from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPolicy, libero_input_spec
-
-TIMEOUT_MS = 3000
+from tests.policy_server.helpers import TIMEOUT_MS, zmq_req, zmq_serving
 
 
 class Gr00tLikePolicy(BasePolicy):
@@ -76,33 +72,9 @@ def gr00t_obs() -> dict[str, Any]:
     }
 
 
-@contextmanager
-def serve(policy: BasePolicy, **config: Any) -> Iterator[int]:
-    cfg = ServerConfig(port=0, zmq_port=0, transports=("zmq",), **config)
-    server = PolicyServer(policy, cfg).start_in_thread()
-    try:
-        yield server.ports["zmq"]
-    finally:
-        server.stop()
-
-
-@contextmanager
-def raw_req(port: int) -> Iterator[zmq.Socket[bytes]]:
-    ctx = zmq.Context()
-    sock: zmq.Socket[bytes] = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, TIMEOUT_MS)
-    sock.connect(f"tcp://127.0.0.1:{port}")
-    try:
-        yield sock
-    finally:
-        sock.close(0)
-        ctx.term()
-
-
 def roundtrip(port: int, payload: bytes | list[bytes]) -> Any:
     """Send raw bytes (or a multipart message) on a fresh REQ socket; decode the reply GR00T's way."""
-    with raw_req(port) as sock:
+    with zmq_req(port) as sock:
         if isinstance(payload, list):
             sock.send_multipart(payload)
         else:
@@ -115,15 +87,15 @@ def request(port: int, req: dict[str, Any]) -> Any:
 
 
 def test_ping() -> None:
-    with serve(ConstantPolicy()) as port:
+    with zmq_serving(ConstantPolicy()) as port:
         assert request(port, {"endpoint": "ping"}) == {"status": "ok", "message": "Server is running"}
 
 
 def test_n16_get_action_reply_is_action_info_pair_with_npy_arrays() -> None:
     policy = Gr00tLikePolicy()
-    with serve(policy) as port:
+    with zmq_serving(policy) as port:
         req = {"endpoint": "get_action", "data": {"observation": gr00t_obs(), "options": None}}
-        with raw_req(port) as sock:
+        with zmq_req(port) as sock:
             sock.send(msgpack.packb(req, default=_gr00t_default))
             raw = msgpack.unpackb(sock.recv())  # no hook: inspect the wire layout itself
     assert isinstance(raw, list) and len(raw) == 2
@@ -142,7 +114,7 @@ def test_n16_get_action_reply_is_action_info_pair_with_npy_arrays() -> None:
 
 def test_n15_flat_data_gets_bare_action_dict() -> None:
     policy = Gr00tLikePolicy()
-    with serve(policy) as port:
+    with zmq_serving(policy) as port:
         reply = request(port, {"data": gr00t_obs()})  # endpoint defaults to get_action
     assert isinstance(reply, dict) and set(reply) == {"action.x", "action.gripper"}
     assert reply["action.gripper"].shape == (1, 16, 1)
@@ -156,7 +128,7 @@ def test_nested_gr00t_observation_passes_through() -> None:
         "state": {"arm": np.zeros((2, 1, 7), dtype=np.float32)},
         "language": {"task": [["wave"], ["wave"]]},
     }
-    with serve(policy) as port:
+    with zmq_serving(policy) as port:
         action, _ = request(port, {"endpoint": "get_action", "data": {"observation": obs, "options": {"a": 1}}})
     assert action["action.x"].shape == (1, 16, 1)
     assert policy.seen[0]["video"]["ego_view"].shape == (2, 1, 8, 8, 3)
@@ -165,14 +137,14 @@ def test_nested_gr00t_observation_passes_through() -> None:
 
 def test_reset_reaches_policy_and_returns_info_dict() -> None:
     policy = Gr00tLikePolicy()
-    with serve(policy) as port:
+    with zmq_serving(policy) as port:
         assert request(port, {"endpoint": "reset", "data": {"options": None}}) == {}
     assert policy.resets == 1
 
 
 def test_get_modality_config_is_wrapped_as_gr00t_modality_configs() -> None:
     modality = {"video": {"delta_indices": [0], "modality_keys": ["video.image"]}}
-    with serve(ConstantPolicy(), metadata={"modality_config": modality}) as port:
+    with zmq_serving(ConstantPolicy(), metadata={"modality_config": modality}) as port:
         raw = request(port, {"endpoint": "get_modality_config"})
         with ZmqClientPolicy(port=port, timeout_ms=TIMEOUT_MS) as client:
             assert client.get_modality_config() == modality
@@ -180,26 +152,26 @@ def test_get_modality_config_is_wrapped_as_gr00t_modality_configs() -> None:
 
 
 def test_get_modality_config_defaults_to_empty() -> None:
-    with serve(ConstantPolicy()) as port:
+    with zmq_serving(ConstantPolicy()) as port:
         assert request(port, {"endpoint": "get_modality_config"}) == {}
 
 
 def test_kill_is_disabled_by_default() -> None:
-    with serve(ConstantPolicy()) as port:
+    with zmq_serving(ConstantPolicy()) as port:
         reply = request(port, {"endpoint": "kill"})
         assert "disabled" in reply["error"] and "enable_kill=True" in reply["error"]
         assert request(port, {"endpoint": "ping"})["status"] == "ok"  # still serving
 
 
 def test_kill_when_enabled_answers_then_stops_serving() -> None:
-    with serve(ConstantPolicy(), enable_kill=True) as port:
+    with zmq_serving(ConstantPolicy(), enable_kill=True) as port:
         assert request(port, {"endpoint": "kill"})["status"] == "ok"
         with ZmqClientPolicy(port=port, timeout_ms=300) as client:
             assert client.ping() is False
 
 
 def test_api_token_rejected_and_accepted() -> None:
-    with serve(ConstantPolicy(), api_key="s3cret") as port:
+    with zmq_serving(ConstantPolicy(), api_key="s3cret") as port:
         assert request(port, {"endpoint": "ping"}) == {"error": "Unauthorized: Invalid API token"}
         bad = request(port, {"endpoint": "get_action", "data": {}, "api_token": "nope"})
         assert bad == {"error": "Unauthorized: Invalid API token"}
@@ -229,7 +201,7 @@ def test_api_token_rejected_and_accepted() -> None:
     ],
 )
 def test_bad_requests_get_clear_errors_and_server_keeps_serving(payload: Any, expected: str) -> None:
-    with serve(ConstantPolicy()) as port:
+    with zmq_serving(ConstantPolicy()) as port:
         reply = roundtrip(port, payload)
         assert expected in reply["error"]
         with ZmqClientPolicy(port=port, timeout_ms=TIMEOUT_MS) as client:
@@ -238,7 +210,7 @@ def test_bad_requests_get_clear_errors_and_server_keeps_serving(payload: Any, ex
 
 
 def test_spec_violation_names_the_field() -> None:
-    with serve(ConstantPolicy(spec=libero_input_spec())) as port:
+    with zmq_serving(ConstantPolicy(spec=libero_input_spec())) as port:
         obs = {"observation/image": np.zeros((224, 224), dtype=np.uint8)}
         reply = request(port, {"endpoint": "get_action", "data": {"observation": obs, "options": None}})
     assert "observation/image" in reply["error"] and "(224, 224, 3)" in reply["error"]
@@ -249,14 +221,14 @@ def test_policy_exception_becomes_error_reply() -> None:
         def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
             raise KeyError("state.missing")
 
-    with serve(Broken()) as port:
+    with zmq_serving(Broken()) as port:
         reply = request(port, {"data": {"observation": {}, "options": None}})
         assert "KeyError" in reply["error"] and "state.missing" in reply["error"]
         assert request(port, {"endpoint": "ping"})["status"] == "ok"
 
 
 def test_oversize_request_is_dropped_without_hurting_the_server() -> None:
-    with serve(ConstantPolicy(), max_message_bytes=4096) as port:
+    with zmq_serving(ConstantPolicy(), max_message_bytes=4096) as port:
         with ZmqClientPolicy(port=port, timeout_ms=300) as big:
             with pytest.raises(TimeoutError):
                 big.infer({"blob": np.zeros(10_000, dtype=np.uint8)})
@@ -274,7 +246,7 @@ def test_concurrent_req_clients_are_batched_together() -> None:
             barrier.wait()
             results[i] = client.get_action({"state": np.full(3, i, dtype=np.float32)})
 
-    with serve(policy, max_wait_ms=20) as port:
+    with zmq_serving(policy, max_wait_ms=20) as port:
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
         for t in threads:
             t.start()
@@ -300,7 +272,7 @@ def test_metrics_count_zmq_requests_and_errors() -> None:
 
 
 def test_binds_all_interfaces_and_reports_a_busy_port() -> None:
-    with serve(ConstantPolicy(), host="0.0.0.0") as port:
+    with zmq_serving(ConstantPolicy(), host="0.0.0.0") as port:
         assert request(port, {"endpoint": "ping"})["status"] == "ok"  # reachable through loopback
         busy = PolicyServer(ConstantPolicy(), ServerConfig(port=0, zmq_port=port, transports=("zmq",)))
         with pytest.raises(RuntimeError, match=f"ZMQ transport cannot bind tcp://127.0.0.1:{port}"):

@@ -133,12 +133,13 @@ class DecodeLimits:
     """
 
     max_map_keys: int = 1024  # keys in one map
+    max_list_items: int = 1024  # items in one list (a client-side batch is one list of observations)
     max_elements: int = 100_000  # objects in the whole message (keys, values, list items, blobs)
     max_depth: int = 32  # nesting of maps and lists
     max_json_bytes: int = 1024 * 1024  # a GR00T modality config sent as a JSON string
 
     def __post_init__(self) -> None:
-        for name in ("max_map_keys", "max_elements", "max_depth", "max_json_bytes"):
+        for name in ("max_map_keys", "max_list_items", "max_elements", "max_depth", "max_json_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DecodeLimits.{name}: must be a positive int, got {value!r}")
@@ -179,7 +180,7 @@ _TYPES = _type_table()
 
 def check_structure(data: bytes | bytearray | memoryview, limits: DecodeLimits = DEFAULT_LIMITS) -> int:
     """Walk the raw msgpack bytes (no object is built) and raise ``CodecLimitError`` at the first
-    map, depth or element count over ``limits``; returns the number of objects.
+    map, list, depth or element count over ``limits``; returns the number of objects.
 
     The walk stops as soon as a bound is crossed, so its cost is bounded by ``limits`` too.
     A truncated payload ends the walk quietly; the decoder then reports it.
@@ -187,6 +188,7 @@ def check_structure(data: bytes | bytearray | memoryview, limits: DecodeLimits =
     buf = data if isinstance(data, (bytes, bytearray)) else memoryview(data).cast("B")
     end, pos, elements = len(buf), 0, 0
     max_elements, max_keys, max_depth = limits.max_elements, limits.max_map_keys, limits.max_depth
+    max_items = limits.max_list_items
     pending = [1]  # objects still to read at each open nesting level
     while pos < end:
         while pending and pending[-1] == 0:
@@ -215,6 +217,8 @@ def check_structure(data: bytes | bytearray | memoryview, limits: DecodeLimits =
             count, pos = int.from_bytes(buf[pos + 1 : pos + 1 - n], "big"), pos + 1 - n
         if kind == 3 and count > max_keys:
             raise CodecLimitError(f"a map at offset {pos} has {count} keys, over max_map_keys={max_keys}")
+        if kind == 4 and count > max_items:
+            raise CodecLimitError(f"a list at offset {pos} has {count} items, over max_list_items={max_items}")
         if len(pending) > max_depth:
             raise CodecLimitError(f"payload nests maps/lists deeper than max_depth={max_depth}")
         pending.append(2 * count if kind == 3 else count)

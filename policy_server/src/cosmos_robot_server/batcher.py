@@ -17,16 +17,15 @@ pings and other connections, and the model is never entered from two threads at 
 Why per-client queues served round-robin: with one shared FIFO, a client that queues 3,200
 requests puts everybody else's next request behind all of them (4.5 s measured). Taking one
 request per client in turn, a flood costs another client at most about one batch. Admission is
-bounded the same way (``Limits``): requests in flight per client and in total, and their bytes,
-are capped, and the excess is refused at once with ``ServerBusy`` (429 for one client over its
-share, 503 for a full server) instead of growing memory without bound (150 x 8 MiB requests took
-a server from 88 MB to 2.5 GB). A request whose future is cancelled (its client left, or
-``forget`` dropped it) is skipped, so work of departed clients never reaches the policy, and
-batch-size metrics count only the requests that ran.
+bounded the same way (``admission.py``: ``Limits``, ``ServerBusy``): requests in flight per client
+and in total, and their bytes, are capped, and the excess is refused at once (429 for one client
+over its share, 503 for a full server) instead of growing memory without bound. A request whose
+future is cancelled (its client left, or ``forget`` dropped it) is skipped, so work of departed
+clients never reaches the policy, and batch-size metrics count only the requests that ran.
 
-The structure signature that groups requests is bounded (``_SIGNATURE_BUDGET`` nodes): a request
-too large to describe cheaply is simply batched alone, so grouping never walks a 3-million-key map
-on the event loop.
+The structure signature that groups requests is bounded (``payloads.py``): a request too large to
+describe cheaply is simply batched alone, so grouping never walks a 3-million-key map on the event
+loop.
 
 A batch-capable policy (``infer_batch``) gets the whole group; any other policy is called per
 request. A policy that declares ``cheap_inference`` (scripted, constant or lookup policies that
@@ -50,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -59,10 +57,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from cosmos_robot_client.base_policy import BasePolicy, supports_batch
+from cosmos_robot_server.admission import Admission, Limits, ServerBusy
 from cosmos_robot_server.metrics import Metrics
+from cosmos_robot_server.payloads import nonfinite_problem, payload_nbytes, structure_signature
 
 __all__ = [
     "DynamicBatcher",
@@ -82,10 +80,6 @@ log = logging.getLogger(__name__)
 _ACTIVE_WINDOW_S = 1.0  # a client silent for this long is no longer expected in a batch
 _THINK_EMA = 0.3  # smoothing of each client's think time
 _INLINE_LIMIT_S = 0.005  # a "cheap" policy slower than this goes back to the worker thread
-_SIGNATURE_BUDGET = 256  # nodes a structure signature visits; a bigger request is batched alone
-_NBYTES_BUDGET = 4096  # nodes payload_nbytes visits; the rest is charged _ENTRY_BYTES each
-_ENTRY_BYTES = 64  # rough cost of one Python object in a decoded container
-_OUTPUT_CHECK_DEPTH = 4  # nesting of reply maps / lists searched for NaN
 
 
 @dataclass
@@ -101,24 +95,6 @@ class PolicyError(RuntimeError):
 
 class NonFiniteOutput(PolicyError):
     """The policy answered NaN or inf; the reply is refused instead of being sent to a robot."""
-
-
-class ServerBusy(RuntimeError):
-    """Admission refused: one client (``status`` 429) or the whole server (503) has too much in flight."""
-
-    def __init__(self, message: str, *, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Admission caps; ``None`` is unlimited. "In flight" = admitted and not yet answered."""
-
-    max_inflight_per_client: int | None = None
-    max_inflight_bytes_per_client: int | None = None
-    max_queued_requests: int | None = None
-    max_queued_bytes: int | None = None
 
 
 class SessionSlot:
@@ -153,82 +129,6 @@ class _Item:
     count: int = 1  # requests it counts as (0: its raw message's reservation counts it)
 
 
-def structure_signature(value: Any) -> Hashable:
-    """A hashable description of keys, shapes and dtypes; equal signatures can be stacked.
-
-    Bounded: after ``_SIGNATURE_BUDGET`` nodes (or a map with more keys than that) it gives up and
-    returns a signature unique to this object, so the request runs alone instead of being walked."""
-    budget = [_SIGNATURE_BUDGET]
-    sig = _signature(value, 0, budget)
-    return sig if budget[0] >= 0 else ("alone", id(value))
-
-
-def _signature(value: Any, depth: int, budget: list[int]) -> Hashable:
-    budget[0] -= 1
-    if budget[0] < 0 or depth > 8:
-        return "..."
-    if isinstance(value, np.ndarray):
-        return ("nd", value.shape, value.dtype.str)
-    if isinstance(value, dict):
-        if len(value) > budget[0]:
-            budget[0] = -1
-            return "..."
-        return tuple(sorted((str(k), _signature(v, depth + 1, budget)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return ("seq", len(value), tuple(_signature(v, depth + 1, budget) for v in value[:16]))
-    return type(value).__name__
-
-
-def payload_nbytes(value: Any) -> int:
-    """Memory an observation holds: array data, strings and bytes, plus ``_ENTRY_BYTES`` per entry.
-
-    Bounded like the signature: past ``_NBYTES_BUDGET`` nodes, entries are charged ``_ENTRY_BYTES``
-    each from their container's length, without visiting them."""
-    total = 0
-    budget = _NBYTES_BUDGET
-    stack = [value]
-    while stack:
-        v = stack.pop()
-        budget -= 1
-        if isinstance(v, np.ndarray):
-            total += v.nbytes
-        elif isinstance(v, (bytes, bytearray, str)):
-            total += len(v)
-        elif isinstance(v, (dict, list, tuple)):
-            total += _ENTRY_BYTES * len(v)
-            if budget > len(v):
-                stack.extend(v.values() if isinstance(v, dict) else v)
-        else:
-            total += _ENTRY_BYTES
-    return total
-
-
-def nonfinite_problem(value: Any, path: str = "", depth: int = 0) -> str | None:
-    """``"'actions' has 70 non-finite values (NaN/inf)"`` for the first reply value holding NaN/inf."""
-    if isinstance(value, np.ndarray) or isinstance(value, np.generic):
-        arr = np.asarray(value)
-        if arr.dtype.kind in "fc":
-            bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
-            if bad:
-                return f"{path or '<reply>'!r} has {bad} non-finite value{'s' if bad > 1 else ''} (NaN/inf)"
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{path or '<reply>'!r} is {value} (non-finite)"
-    if depth >= _OUTPUT_CHECK_DEPTH:
-        return None
-    if isinstance(value, dict):
-        items: Any = ((f"{path}/{k}" if path else str(k), v) for k, v in value.items())
-    elif isinstance(value, (list, tuple)):
-        items = ((f"{path}[{i}]", v) for i, v in enumerate(value))
-    else:
-        return None
-    for sub_path, sub in items:
-        problem = nonfinite_problem(sub, sub_path, depth + 1)
-        if problem is not None:
-            return problem
-    return None
-
-
 class DynamicBatcher:
     """Groups concurrent requests into batched policy calls on one worker thread."""
 
@@ -246,6 +146,7 @@ class DynamicBatcher:
         self.max_wait_s = max_wait_ms / 1000.0
         self.metrics = metrics or Metrics()
         self.limits = limits or Limits()
+        self.admission = Admission(self.limits)
         self.batched = supports_batch(policy)
         self.session_aware = callable(getattr(policy, "new_session", None))
         self.inline = bool(getattr(policy, "cheap_inference", False))
@@ -257,9 +158,6 @@ class DynamicBatcher:
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._clients: dict[str, _ClientState] = {}
-        self._inflight: dict[str, list[int]] = {}  # client -> [requests, bytes] admitted, not yet answered
-        self._total = [0, 0]  # the same over all clients
-        self._reserved: dict[str, int] = {}  # client -> raw messages its transport reserved (``reserve``)
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -305,9 +203,9 @@ class DynamicBatcher:
         if self._arrived is None:
             raise RuntimeError("DynamicBatcher.start() was not called")
         sizes = list(nbytes) if nbytes is not None else [payload_nbytes(o) for o in obs_list]
-        reserved = bool(self._reserved.get(client_id))  # admitted by ``reserve`` already
+        reserved = self.admission.reserved(client_id)  # admitted by ``reserve`` already
         if not reserved:
-            self._admit(client_id, len(obs_list), sum(sizes))
+            self.admission.admit(client_id, len(obs_list), sum(sizes))
         loop = asyncio.get_running_loop()
         now = time.perf_counter()
         state = self._arrival(client_id, now)
@@ -358,71 +256,16 @@ class DynamicBatcher:
         refused per client before any decoding. While a client holds reservations, its decoded
         requests were admitted already: they are not refused again, and count only their bytes (the
         decoded copy is memory too, and bounds later reservations)."""
-        self._admit(client_id, 1, nbytes)
-        held = self._inflight.setdefault(client_id, [0, 0])
-        held[0] += 1
-        held[1] += nbytes
-        self._total[0] += 1
-        self._total[1] += nbytes
-        self._reserved[client_id] = self._reserved.get(client_id, 0) + 1
-        released = False
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                self._unhold(client_id, 1, nbytes)
-                left = self._reserved.pop(client_id, 0) - 1
-                if left > 0:
-                    self._reserved[client_id] = left
-
-        return release
+        return self.admission.reserve(client_id, nbytes)
 
     def inflight(self, client_id: str | None = None) -> tuple[int, int]:
         """(requests, bytes) admitted and not yet answered, of one client or of all."""
-        if client_id is None:
-            return self._total[0], self._total[1]
-        count, size = self._inflight.get(client_id, (0, 0))
-        return count, size
+        return self.admission.inflight(client_id)
 
-    # -- admission -------------------------------------------------------------------------
-    def _admit(self, client_id: str, n: int, nbytes: int) -> None:
-        """Refuse (``ServerBusy``) ``n`` more requests of ``nbytes`` if they would exceed a cap."""
-        lim = self.limits
-        count, size = self.inflight(client_id)
-        more = f" and sent {n} more" if n > 1 else ""
-        total, total_bytes = self._total
-        if lim.max_inflight_per_client is not None and count + n > lim.max_inflight_per_client:
-            raise ServerBusy(
-                f"server busy: client {client_id} has {count} requests in flight{more} "
-                f"(max_inflight_per_client={lim.max_inflight_per_client}); wait for replies before sending more",
-                status=429,
-            )
-        if lim.max_queued_requests is not None and total + n > lim.max_queued_requests:
-            raise ServerBusy(
-                f"server busy: {total} requests in flight (max_queued_requests={lim.max_queued_requests}); retry later",
-                status=503,
-            )
-        if lim.max_inflight_bytes_per_client is not None and size + nbytes > lim.max_inflight_bytes_per_client:
-            raise ServerBusy(
-                f"server busy: client {client_id} has {size} bytes of requests in flight and sent {nbytes} more "
-                f"(max_inflight_bytes_per_client={lim.max_inflight_bytes_per_client})",
-                status=429,
-            )
-        if lim.max_queued_bytes is not None and total_bytes + nbytes > lim.max_queued_bytes:
-            raise ServerBusy(
-                f"server busy: {total_bytes} bytes of requests in flight "
-                f"(max_queued_bytes={lim.max_queued_bytes}); retry later",
-                status=503,
-            )
-
+    # -- in flight (counted by ``admission.py``) ----------------------------------------------
     def _hold(self, item: _Item) -> None:
         """Count the item in flight until its future is done (answered, failed or cancelled)."""
-        held = self._inflight.setdefault(item.client_id, [0, 0])
-        held[0] += item.count
-        held[1] += item.nbytes
-        self._total[0] += item.count
-        self._total[1] += item.nbytes
+        self.admission.hold(item.client_id, item.count, item.nbytes)
         item.held = True
         item.future.add_done_callback(functools.partial(self._release, item))
 
@@ -431,17 +274,7 @@ class DynamicBatcher:
         also covers cancellation); only the first call counts."""
         if item.held:
             item.held = False
-            self._unhold(item.client_id, item.count, item.nbytes)
-
-    def _unhold(self, client_id: str, count: int, nbytes: int) -> None:
-        held = self._inflight.get(client_id)
-        if held is not None:
-            held[0] -= count
-            held[1] -= nbytes
-            if held[0] <= 0 and held[1] <= 0:
-                del self._inflight[client_id]
-        self._total[0] -= count
-        self._total[1] -= nbytes
+            self.admission.unhold(item.client_id, item.count, item.nbytes)
 
     def _arrival(self, client_id: str, now: float) -> _ClientState:
         state = self._clients.get(client_id)

@@ -56,6 +56,7 @@ class ServerConfig:
     # decoded; a request over a decode bound is refused with a CodecLimitError naming it
     max_connections: int = 256  # open connections per transport (ZMQ: connected peers); more get "server busy"
     max_map_keys: int = 1024  # keys in one msgpack map of a request (a LIBERO request has ~5, a GR00T batch ~20)
+    max_list_items: int = 1024  # items in one msgpack list (>= max_client_batch: a batch is one list)
     max_elements: int = 100_000  # msgpack objects in one request (an array is one); HTTP JSON: its commas
     max_nesting_depth: int = 32  # nesting of maps/lists in one request
     header_timeout_s: float = 10.0  # whole HTTP request head / websocket handshake must arrive within this
@@ -117,10 +118,15 @@ class ServerConfig:
             )
 
     def _check_wire_limits(self) -> None:
-        for name in ("max_connections", "max_map_keys", "max_elements", "max_nesting_depth"):
+        for name in ("max_connections", "max_map_keys", "max_list_items", "max_elements", "max_nesting_depth"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"ServerConfig.{name}: must be an integer >= 1, got {value!r}")
+        if self.max_list_items < self.max_client_batch:
+            raise ValueError(
+                f"ServerConfig.max_list_items={self.max_list_items} is below max_client_batch="
+                f"{self.max_client_batch}: a full client-side batch (one list) could never be decoded"
+            )
         for name in ("header_timeout_s", "body_timeout_s"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
@@ -130,5 +136,8 @@ class ServerConfig:
     def decode_limits(self) -> DecodeLimits:
         """The codec bounds every transport decodes requests with."""
         return DecodeLimits(
-            max_map_keys=self.max_map_keys, max_elements=self.max_elements, max_depth=self.max_nesting_depth
+            max_map_keys=self.max_map_keys,
+            max_list_items=self.max_list_items,
+            max_elements=self.max_elements,
+            max_depth=self.max_nesting_depth,
         )

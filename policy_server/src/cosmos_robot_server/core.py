@@ -47,18 +47,11 @@ from typing import Any, NamedTuple, TypeVar
 
 from cosmos_robot_client.base_policy import BasePolicy, supports_batch
 from cosmos_robot_client.spec import ObservationError
-from cosmos_robot_server.batcher import (
-    DynamicBatcher,
-    Limits,
-    NonFiniteOutput,
-    PolicyError,
-    ServerBusy,
-    SessionSlot,
-    Timing,
-    payload_nbytes,
-)
+from cosmos_robot_server.admission import Limits, ServerBusy
+from cosmos_robot_server.batcher import DynamicBatcher, NonFiniteOutput, PolicyError, SessionSlot, Timing
 from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.metrics import Metrics
+from cosmos_robot_server.payloads import payload_nbytes
 
 __all__ = ["PROTOCOL_KEYS", "NonFiniteOutput", "PolicyError", "RequestError", "ServingCore"]
 
