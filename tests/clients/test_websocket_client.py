@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from websockets.asyncio.server import ServerConnection, serve
 
+from cosmos_robot_client.batching import split_batch
 from cosmos_robot_client.codec import packb, unpackb
 from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy, build_url
 from cosmos_robot_server import PolicyServer, ServerConfig
@@ -179,6 +180,20 @@ def test_oversize_request_refused_client_side() -> None:
             with pytest.raises(ValueError, match="max_message_bytes"):
                 client.infer(libero_obs())
             assert client.infer({"x": np.zeros(4)})["actions"].shape == (10, 7)  # connection untouched
+
+
+def test_batches_are_split_to_fit_the_caps_the_server_announces() -> None:
+    policy = ConstantBatchPolicy(4, 2)
+    obs = {"x": np.zeros(4096, np.float32)}  # ~16 KB each: 5 fit in 80 % of a 100 kB cap
+    with serving(policy, max_message_bytes=100_000, max_client_batch=8, max_inflight_per_client=8) as server:
+        with WebsocketClientPolicy("127.0.0.1", server.ports["ws"]) as client:
+            replies = client.infer_batch([obs] * 23)
+    assert len(replies) == 23 and all(r["actions"].shape == (4, 2) for r in replies)
+    server_meta = {"max_message_bytes": 100_000, "limits": {"max_client_batch": 8}}
+    assert [len(p) for p in split_batch([obs] * 23, server_meta)] == [4, 4, 4, 4, 4, 3]  # bytes bind
+    assert [len(p) for p in split_batch([{"x": 1}] * 19, server_meta)] == [8, 8, 3]  # the count binds
+    assert server.metrics.counter_value("cosmos_robot_requests_total", transport="ws", outcome="ok") == 23
+    assert server.metrics.counter_value("cosmos_robot_errors_total", transport="ws", kind="bad_request") == 0
 
 
 def test_keepalive_survives_long_inference() -> None:

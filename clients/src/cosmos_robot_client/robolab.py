@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from cosmos_robot_client.base_policy import BasePolicy, supports_batch
+from cosmos_robot_client.batching import split_batch
 from cosmos_robot_client.image_tools import resize_with_pad
 
 __all__ = ["DROID_SOURCES", "CosmosRobotRoboLabClient"]
@@ -54,7 +55,6 @@ _OPENPI_DROID_KEYS = (
 )
 _OPENPI_IMAGE_SIZE = (224, 224)
 _CANVAS_VIEW_SIZE = (360, 640)  # RoboLab's cosmos3 client: each view resize_with_pad-ed to 360x640
-_MESSAGE_SHARE = 0.8  # fill at most this share of the server's max_message_bytes per request
 
 
 class CosmosRobotRoboLabClient:
@@ -255,13 +255,7 @@ class CosmosRobotRoboLabClient:
         return _CANVAS_VIEW_SIZE if isinstance(self.metadata.get("input_spec"), Mapping) else _OPENPI_IMAGE_SIZE
 
     def _split(self, requests: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-        server = self.metadata.get("server")
-        limit = server.get("max_message_bytes") if isinstance(server, Mapping) else None
-        if not isinstance(limit, int) or not requests:
-            return [list(requests)]
-        per_obs = max(1, max(sum(_nbytes(v) for v in obs.values()) for obs in requests))
-        per_request = max(1, int(limit * _MESSAGE_SHARE) // per_obs)
-        return [list(requests[i : i + per_request]) for i in range(0, len(requests), per_request)]
+        return split_batch(requests, self.metadata.get("server")) or [[]]
 
 
 def _metadata_of(policy: BasePolicy) -> Mapping[str, Any]:
@@ -292,7 +286,3 @@ def _as_uint8(image: np.ndarray) -> np.ndarray:
     if np.issubdtype(image.dtype, np.floating) and image.size and float(image.max()) <= 1.0:
         image = image * 255.0  # float images in [0, 1]
     return np.clip(np.rint(image), 0, 255).astype(np.uint8)
-
-
-def _nbytes(value: Any) -> int:
-    return int(value.nbytes) if isinstance(value, np.ndarray) else len(str(value))

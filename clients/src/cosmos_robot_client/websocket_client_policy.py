@@ -36,6 +36,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.sync.client import ClientConnection, connect
 
 from cosmos_robot_client.base_policy import BasePolicy
+from cosmos_robot_client.batching import split_batch
 from cosmos_robot_client.codec import Packer, unpackb
 
 __all__ = ["WebsocketClientPolicy", "build_url"]
@@ -128,7 +129,8 @@ class WebsocketClientPolicy(BasePolicy):
         return reply
 
     def infer_batch(self, obs_batch: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One request for many observations (cosmos-robot-server); one request each against others."""
+        """One request for many observations (cosmos-robot-server; split to fit the caps it announces,
+        ``batching.split_batch``); one request each against other servers."""
         obs_list = list(obs_batch)
         if not obs_list:
             return []
@@ -136,11 +138,14 @@ class WebsocketClientPolicy(BasePolicy):
         server = self._metadata.get("server")
         if not (isinstance(server, dict) and server.get("name") == "cosmos-robot-server"):
             return [self.infer(obs) for obs in obs_list]
-        reply = self._request({"batch": obs_list})
-        batch = reply.get("batch") if isinstance(reply, dict) else None
-        if not isinstance(batch, list) or len(batch) != len(obs_list):
-            raise RuntimeError(f"{self.url}: batch reply does not hold {len(obs_list)} results")
-        return batch
+        results: list[dict[str, Any]] = []
+        for part in split_batch(obs_list, server):
+            reply = self._request({"batch": part})
+            batch = reply.get("batch") if isinstance(reply, dict) else None
+            if not isinstance(batch, list) or len(batch) != len(part):
+                raise RuntimeError(f"{self.url}: batch reply does not hold {len(part)} results")
+            results.extend(batch)
+        return results
 
     def reset(self) -> None:
         """Local no-op like openpi's, unless ``send_reset=True`` (RoboArena-style servers)."""

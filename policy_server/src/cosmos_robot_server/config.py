@@ -1,7 +1,10 @@
 """Server settings, validated on construction so a bad value fails before any socket is bound.
 
 Defaults are the safe ones: bind 127.0.0.1 (serving to other machines is an explicit choice),
-a 64 MiB message cap (a LIBERO request is ~0.3 MB; a GR00T batch of 5 is ~2 MB), ``kill`` off.
+a 16 MiB message cap (a LIBERO request is ~0.3 MB; a GR00T batch of 5 is ~2 MB; our clients split
+bigger batches to fit the cap the server announces; receiving a frame costs the event loop ~1.5 ms
+per MiB inside the websockets library, so the cap bounds what one hostile frame can stall),
+``kill`` off.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ class ServerConfig:
     max_batch_size: int = 16  # most observations the policy sees in one batched call
     max_wait_ms: float = 10.0  # longest a request waits for prompt peers to join its batch
     api_key: str | None = None  # required on websocket/HTTP (Authorization: Api-Key) and ZMQ (api_token) when set
-    max_message_bytes: int = 64 * 1024 * 1024  # larger requests are refused before decoding
+    max_message_bytes: int = 16 * 1024 * 1024  # larger requests are refused before decoding
     enable_kill: bool = False  # allow GR00T's `kill` endpoint to stop the server
     # GR00T client generation for get_modality_config replies (N1.5 reads a JSON string, N1.6+ a map):
     # auto = learn it from each ZMQ peer's other requests, else from the last peer seen, else n1.6

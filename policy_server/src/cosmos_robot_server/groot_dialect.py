@@ -107,14 +107,14 @@ def _plain(value: Any) -> Any:
     return value.item() if hasattr(value, "item") and not isinstance(value, (str, bytes)) else value
 
 
-def refused_encoding(body: bytes) -> str | None:
+def refused_encoding(body: bytes | memoryview) -> str | None:
     """Why an undecodable request is refused when it is a pickle or ``torch.save`` stream, else ``None``.
 
     ``torch.save`` writes a zip archive (``PK\\x03\\x04``) since torch 1.6 and a pickle before;
     pickles of protocol 2-5 start with ``\\x80`` and the protocol number. (For msgpack ``\\x80`` is an
     empty map, so such a stream reaches us as "trailing bytes" and is only inspected after failing.)
     """
-    if body.startswith(b"PK\x03\x04"):
+    if bytes(body[:4]) == b"PK\x03\x04":
         what = "a torch.save archive (zip)"
     elif len(body) >= 2 and body[0] == 0x80 and 2 <= body[1] <= 5:
         what = f"a Python pickle (protocol {body[1]})"
