@@ -13,6 +13,7 @@ import typer
 from typer.core import TyperCommand
 
 __all__ = [
+    "ALLOW_DOWNLOAD",
     "Command",
     "check_policy_ref",
     "check_server_url",
@@ -47,6 +48,14 @@ def torch_device(name: str) -> str:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
     return str(dev)
+
+
+ALLOW_DOWNLOAD = typer.Option(
+    False,
+    "--allow-download",
+    help="Let --ckpt fetch files its folder names from the Hugging Face hub (a pi05 tokenizer, a GR00T "
+    "base model) when they are not in the local cache. Off: nothing is downloaded.",
+)
 
 
 def load_ckpt_policy(ckpt: str, device: str, policy_args: dict[str, Any]) -> Any:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import typer
 
-from cosmos_robot.cli.common import check_policy_ref, connecting, fail, load_ckpt_policy
+from cosmos_robot.cli.common import ALLOW_DOWNLOAD, check_policy_ref, connecting, fail, load_ckpt_policy
 from cosmos_robot.cli.options import EVAL, config_values, policy_arg_option, tasks_option
 
 __all__ = ["command"]
@@ -55,6 +55,7 @@ def command(
     ),
     request_timeout_s: float = typer.Option(300.0, help="Fail when one policy request takes longer."),
     device: str = typer.Option("auto", help="Torch device for --ckpt (auto: cuda when available, else cpu)."),
+    allow_download: bool = ALLOW_DOWNLOAD,
     overwrite: bool = typer.Option(False, help="Delete a previous run in --out and start fresh (default: resume it)."),
 ) -> None:
     """Evaluate a policy on a simulated suite: N envs in lockstep, one batched request per control step.
@@ -67,12 +68,17 @@ def command(
     Examples:
         cosmos-robot eval --policy ws://127.0.0.1:8000 --tasks reach,push --episodes-per-task 20 --out runs/e1
         cosmos-robot eval --ckpt checkpoints/flow_tabletop --num-envs 8 --out runs/e2
+        cosmos-robot eval --ckpt pi05_libero --suite libero_spatial --allow-download --out runs/e3
     """
     options = dict(locals())  # the option values by name (the config's fields are read from them)
     if (policy is None) == (ckpt is None):
         raise fail("pass exactly one of --policy (server URL or MODULE:FACTORY) or --ckpt (checkpoint folder)", 2)
     source = policy if policy is not None else f"ckpt:{Path(str(ckpt)).resolve()}"
     remote, policy_kwargs, config = _eval_config(options, source, policy_arg or [])
+    if allow_download:  # a loading choice, not a policy argument: not recorded in the results
+        if ckpt is None:
+            raise fail("--allow-download applies to --ckpt folders (files they name on the hub)", 2)
+        policy_kwargs = {**policy_kwargs, "allow_download": True}
     pol = _load(source, remote, ckpt, device, policy_kwargs, api_key, connect_timeout_s, wait_s, request_timeout_s)
     kind = "websocket" if remote else "checkpoint" if ckpt is not None else "in_process"
     results = _run(config, pol, out, kind, overwrite, remote)

@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 import typer
 
-from cosmos_robot.cli.common import fail, load_ckpt_policy, torch_device
+from cosmos_robot.cli.common import ALLOW_DOWNLOAD, fail, load_ckpt_policy, torch_device
 from cosmos_robot.cli.options import SERVER, config_values, policy_arg_option
 
 __all__ = ["TRANSPORT_CHOICES", "command", "parse_transports", "warmup_batches"]
@@ -27,13 +27,6 @@ def _mib_option(field: str, flag: str, help: str) -> Any:
     """A ``ServerConfig`` byte-count field offered on the command line in MiB (the config keeps bytes)."""
     return SERVER.option(field, flag, help=help, from_config=lambda n: n / MIB, to_config=lambda mb: int(mb * MIB))
 
-
-ALLOW_DOWNLOAD = typer.Option(
-    False,
-    "--allow-download",
-    help="Let --ckpt fetch files its folder names from the Hugging Face hub (a pi05 tokenizer, a GR00T "
-    "base model) when they are not in the local cache. Off: serving never downloads.",
-)
 
 MAX_MESSAGE_MB_OPTION = _mib_option(
     "max_message_bytes",

@@ -162,8 +162,9 @@ def test_pi05_missing_tokenizer_is_named_without_touching_the_network(
     assert connects == []
 
 
-def test_serve_allow_download_reaches_the_loader(
-    pi05_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("command", ["serve", "eval"])
+def test_allow_download_reaches_the_loader(
+    command: str, pi05_ckpt: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from typer.testing import CliRunner
 
@@ -171,10 +172,13 @@ def test_serve_allow_download_reaches_the_loader(
 
     bad = _pi05_naming_an_uncached_tokenizer(pi05_ckpt, tmp_path)
     monkeypatch.setattr(socket.socket, "connect", _no_network)
-    refused = CliRunner().invoke(app, ["serve", "--ckpt", str(bad), "--device", "cpu"])
+    args = [command, "--ckpt", str(bad), "--device", "cpu"]
+    if command == "eval":
+        args += ["--out", str(tmp_path / "eval"), "--episodes-per-task", "1", "--num-envs", "1"]
+    refused = CliRunner().invoke(app, args)
     assert refused.exit_code == 2 and "pass --allow-download to fetch it" in refused.output
     assert "Traceback" not in refused.output
-    asked = CliRunner().invoke(app, ["serve", "--ckpt", str(bad), "--device", "cpu", "--allow-download"])
+    asked = CliRunner().invoke(app, [*args, "--allow-download"])
     assert asked.exit_code == 2 and "could not be fetched" in asked.output  # it tried (no network here)
 
 
