@@ -234,13 +234,27 @@ def test_flow_dpo_loss_hand_computed() -> None:
     close(loss, math.log(2))
 
 
+def test_flow_dpo_trajectory_loss_sums_each_episode() -> None:
+    # pair 0: winner decisions d = [0.1, −0.3] (sum −0.2), loser [0.2] (sum 0.2)
+    #   logit = −β/2·(−0.2 − 0.2) = 0.4 with β = 2 -> −log σ(0.4) = log(1 + e^−0.4)
+    # pair 1: winner [0.5] (sum 0.5), loser [0.0, 0.1, 0.4] (sum 0.5) -> logit 0 -> log 2
+    from cosmos_robot_trainers.algorithms.losses import flow_dpo_trajectory_loss
+
+    loss, m = flow_dpo_trajectory_loss(
+        t(0.1, -0.3, 0.5), torch.tensor([0, 0, 1]), t(0.2, 0.0, 0.1, 0.4), torch.tensor([0, 1, 1, 1]), 2, beta=2.0
+    )
+    close(loss, (math.log(1 + math.exp(-0.4)) + math.log(2)) / 2)
+    close(m["implicit_acc"], 0.5)
+    close(m["logit_mean"], 0.2)
+
+
 # ------------------------------------------------------------------------------------------- registry
 
 
 def test_registry_resolves_names_and_suggests() -> None:
     assert get("loss", "ppo") is ppo_policy_loss
     assert get("advantage", "gae") is gae
-    assert {"ppo", "gspo", "value", "kl", "entropy", "nft", "flow_dpo"} <= set(names("loss"))
+    assert {"ppo", "gspo", "value", "kl", "entropy", "nft", "flow_dpo", "flow_dpo_trajectory"} <= set(names("loss"))
     assert {"gae", "grpo", "dr_grpo"} <= set(names("advantage"))
     with pytest.raises(UnknownAlgorithmError, match="Did you mean 'ppo'"):
         get("loss", "ppoo")

@@ -56,6 +56,8 @@ def test_modular_joint_ppo_matches_the_reference_on_a_tiny_budget(tmp_path: Path
         betas=o.betas,
         weight_decay=o.weight_decay,
         grad_clip=o.grad_clip or 1.0,
+        critic_grad_clip=o.critic_grad_clip or 1.0,
+        logprob_dims=list(config.logprob_dims(7)),
         epochs=o.epochs,
         minibatch_size=o.minibatch_size,
         iterations=config.train.iterations,

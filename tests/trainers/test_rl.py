@@ -90,6 +90,9 @@ def test_debug_recipe_runs_resumes_exactly_and_exports(algo: str, tmp_path: Path
     # each algorithm's update really ran (not skipped for lack of informative groups or pairs)
     loss_key = {"joint_ppo": "policy_loss", "grpo": "policy_loss", "nft": "nft_loss", "dpo": "dpo_loss"}[algo]
     assert any(loss_key in record for record in a)
+    # the split-half health check and the per-group pre-clip norms are logged
+    assert any(-1.0 <= record.get("grad_cosine_split_half", 2.0) <= 1.0 for record in a)
+    assert all("grad_norm_actor" in record for record in a if loss_key in record)
     if algo in ("joint_ppo", "grpo"):
         for record in a:
             if "ratio_dev_first_mb" in record:  # GRPO skips an update whose groups were all filtered

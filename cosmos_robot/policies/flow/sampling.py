@@ -16,14 +16,17 @@ section 1.2), with x0_hat = x_t - t v and x1_hat = x_t + (1 - t) v:
 - ``flow_noise``: every step stochastic with the ODE mean and the learned bounded std
   (``model.noise_std``); log-prob = mean over the K + 1 terms [log N(x_0; 0, I), log N(x_1 | x_0), ...].
 
-Log-probs are summed over the executed slice ``[:replan_steps, :dims]`` of the chunk (chunk-level,
-one ratio per decision); ``dim_log_prob`` keeps the per-element values for action- or token-level ratios.
+Log-probs are summed over the executed slice of the chunk, rows ``[:replan_steps]`` and the action
+dims ``dims`` (the first d, or a set of indices: the RL recipes leave out dims the tasks never use),
+chunk-level, one ratio per decision; ``dim_log_prob`` keeps the per-element values for action- or
+token-level ratios; ``executed_mask`` is the same slice as a mask for regression losses.
 Zero-std coordinates contribute 0, as in RLinf. Everything is float32.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -33,9 +36,11 @@ from cosmos_robot.policies.flow.modeling_flow import draw_randn
 
 __all__ = [
     "FlowSampler",
+    "Dims",
     "LogProbResult",
     "SampleMode",
     "SampleResult",
+    "executed_mask",
     "recompute_log_prob",
     "sample_actions",
     "sde_sigmas",
@@ -132,25 +137,52 @@ def _transition(
     return mean, torch.zeros_like(x)
 
 
+Dims = int | Sequence[int] | None  # the first d action dims, a set of dim indices, or all
+
+
+def _columns(dims: Dims, action_dim: int) -> slice | list[int]:
+    """The chunk columns the log-probs cover: a prefix slice (``dims`` an int or ``0..d-1``) or indices."""
+    if dims is None:
+        return slice(0, action_dim)
+    if isinstance(dims, int):
+        if not 1 <= dims <= action_dim:
+            raise ValueError(f"dims must be in [1, {action_dim}] (the real action dims), got {dims}")
+        return slice(0, dims)
+    idx = sorted({int(i) for i in dims})
+    if not idx or len(idx) != len(dims) or idx[0] < 0 or idx[-1] >= action_dim:
+        raise ValueError(f"dims: expected distinct action-dim indices in [0, {action_dim - 1}], got {list(dims)}")
+    return slice(0, len(idx)) if idx == list(range(len(idx))) else idx
+
+
+def _width(cols: slice | list[int]) -> int:
+    return len(cols) if isinstance(cols, list) else int(cols.stop)
+
+
+def executed_mask(chunk_size: int, action_dim: int, replan_steps: int | None = None, dims: Dims = None) -> torch.Tensor:
+    """``(chunk_size, action_dim)`` bool: True on the slice the log-probs cover (rows ``[:replan_steps]``,
+    columns ``dims``), for the regression losses (DiffusionNFT, Flow-DPO) to count the same elements."""
+    mask = torch.zeros((chunk_size, action_dim), dtype=torch.bool)
+    h = chunk_size if replan_steps is None else replan_steps
+    mask[:h, _columns(dims, action_dim)] = True
+    return mask
+
+
 def _check(
-    mode: str, num_steps: int, model: FlowSampler, replan_steps: int | None, dims: int | None
-) -> tuple[int, int]:
-    """Validate the arguments; return the executed slice ``(h, d)`` of the chunk: ``h`` of its
-    ``chunk_size`` rows (``replan_steps``), ``d`` of its ``action_dim`` columns."""
+    mode: str, num_steps: int, model: FlowSampler, replan_steps: int | None, dims: Dims
+) -> tuple[int, slice | list[int]]:
+    """Validate the arguments; return the executed slice ``(h, cols)`` of the chunk: ``h`` of its
+    ``chunk_size`` rows (``replan_steps``), the columns ``cols`` of its ``action_dim`` (``dims``)."""
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {list(_MODES)}, got {mode!r}")
     if num_steps < 1:
         raise ValueError(f"num_steps must be at least 1, got {num_steps}")
     cfg = model.config
     h = cfg.chunk_size if replan_steps is None else replan_steps
-    d = cfg.action_dim if dims is None else dims
     if not 1 <= h <= cfg.chunk_size:
         raise ValueError(
             f"replan_steps must be in [1, chunk_size={cfg.chunk_size}] (the executed steps of the chunk), got {h}"
         )
-    if not 1 <= d <= cfg.action_dim:
-        raise ValueError(f"dims must be in [1, {cfg.action_dim}] (the real action dims), got {d}")
-    return h, d
+    return h, _columns(dims, cfg.action_dim)
 
 
 @torch.no_grad()
@@ -164,18 +196,20 @@ def sample_actions(
     sde_step: int | None = None,
     noise: torch.Tensor | None = None,
     replan_steps: int | None = None,
-    dims: int | None = None,
+    dims: Dims = None,
 ) -> SampleResult:
     """Denoise from ``noise`` (default: N(0, I) drawn from ``generator``) to an action chunk.
 
     ``num_steps`` defaults to ``config.num_flow_steps`` and ``noise_level`` to ``config.noise_level``;
     ``sde_step`` fixes the Flow-SDE step (else drawn from ``generator``); ``replan_steps``/``dims``
-    slice the log-probs to the executed steps and real action dims (default: the whole chunk). Runs
+    slice the log-probs to the executed steps and to action dims (an int d: the first d; a sequence:
+    those indices; default: the whole chunk). Runs
     without gradients: recompute log-probs for training with ``recompute_log_prob``.
     """
     cfg = model.config
     k_steps = num_steps if num_steps is not None else cfg.num_flow_steps
-    h, d = _check(mode, k_steps, model, replan_steps, dims)
+    h, cols = _check(mode, k_steps, model, replan_steps, dims)
+    d = _width(cols)
     a = noise_level if noise_level is not None else cfg.noise_level
     b, device = context.shape[0], context.device
     shape = (b, cfg.chunk_size, cfg.action_dim)
@@ -193,7 +227,7 @@ def sample_actions(
             raise ValueError(f"sde_step must be in [0, {k_steps - 1}], got {j}")
     chain, logps, ents = [x], [], []
     if mode == "flow_noise":
-        logps.append(_gaussian_log_prob(x, torch.zeros_like(x), torch.ones_like(x))[:, :h, :d])
+        logps.append(_gaussian_log_prob(x, torch.zeros_like(x), torch.ones_like(x))[:, :h, cols])
     for k in range(k_steps):
         kind: SampleMode = mode if (mode == "flow_noise" or k == j) else "ode"
         step = torch.full((b,), k, dtype=torch.long, device=device)
@@ -204,8 +238,8 @@ def sample_actions(
             ents.append(torch.zeros((b, h, d), device=device))
         else:
             x = mean + std * draw_randn(shape, generator, device)
-            logps.append(_gaussian_log_prob(x, mean, std)[:, :h, :d])
-            ents.append(_gaussian_entropy(std)[:, :h, :d])
+            logps.append(_gaussian_log_prob(x, mean, std)[:, :h, cols])
+            ents.append(_gaussian_entropy(std)[:, :h, cols])
         chain.append(x)
     per_elem = torch.stack(logps, dim=1)  # (B, K or K+1, h, d)
     ent = torch.stack(ents, dim=1).sum(dim=(2, 3))  # (B, K)
@@ -242,7 +276,7 @@ def recompute_log_prob(
     sde_step: torch.Tensor | int | None = None,
     noise_level: float | None = None,
     replan_steps: int | None = None,
-    dims: int | None = None,
+    dims: Dims = None,
 ) -> LogProbResult:
     """Log-probs of a stored ``chain`` (B, K + 1, chunk_size, D) under the current parameters (with gradients).
 
@@ -256,7 +290,8 @@ def recompute_log_prob(
             f"chain: expected shape (B, K + 1, {cfg.chunk_size}, {cfg.action_dim}), got {tuple(chain.shape)}"
         )
     b, k_steps = chain.shape[0], chain.shape[1] - 1
-    h, d = _check(mode, k_steps, model, replan_steps, dims)
+    h, cols = _check(mode, k_steps, model, replan_steps, dims)
+    d = _width(cols)
     a = noise_level if noise_level is not None else cfg.noise_level
     device = context.device
     chain = chain.to(device).float()
@@ -271,20 +306,20 @@ def recompute_log_prob(
             raise ValueError(f"sde_step must be in [0, {k_steps - 1}], got {j.tolist()}")
         rows = torch.arange(b, device=device)
         mean, std = _transition(model, chain[rows, j], j, context, "flow_sde", k_steps, a)
-        elem = _gaussian_log_prob(chain[rows, j + 1], mean, std)[:, :h, :d]
+        elem = _gaussian_log_prob(chain[rows, j + 1], mean, std)[:, :h, cols]
         per_elem = torch.zeros((b, k_steps, h, d), device=device, dtype=elem.dtype)
         per_elem = per_elem.index_put((rows, j), elem)
         ent = torch.zeros((b, k_steps), device=device).index_put(
-            (rows, j), _gaussian_entropy(std)[:, :h, :d].sum((1, 2))
+            (rows, j), _gaussian_entropy(std)[:, :h, cols].sum((1, 2))
         )
         return _aggregate("flow_sde", per_elem, ent, j)
     steps = torch.arange(k_steps, device=device).repeat(b)  # (B*K,) step index of each row
     x = chain[:, :-1].reshape(b * k_steps, *chain.shape[2:])
     mean, std = _transition(model, x, steps, context.repeat_interleave(k_steps, dim=0), "flow_noise", k_steps, a)
     nxt = chain[:, 1:].reshape_as(x)
-    trans = _gaussian_log_prob(nxt, mean, std)[:, :h, :d].reshape(b, k_steps, h, d)
-    x0 = chain[:, 0, :h, :d]
+    trans = _gaussian_log_prob(nxt, mean, std)[:, :h, cols].reshape(b, k_steps, h, d)
+    x0 = chain[:, 0, :h, cols]
     prior = _gaussian_log_prob(x0, torch.zeros_like(x0), torch.ones_like(x0))
     per_elem = torch.cat([prior[:, None], trans], dim=1)
-    ent = _gaussian_entropy(std)[:, :h, :d].sum(dim=(1, 2)).reshape(b, k_steps)
+    ent = _gaussian_entropy(std)[:, :h, cols].sum(dim=(1, 2)).reshape(b, k_steps)
     return _aggregate("flow_noise", per_elem, ent, -1)

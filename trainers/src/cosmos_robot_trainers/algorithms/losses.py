@@ -11,6 +11,7 @@ Sources are sections of ``shared/research/rl_vla_anchors.md`` (cited as "notes �
 - ``entropy`` (notes §1.4, §1.2: total = actor + critic − coef·H, coef 0.005 for Flow-Noise).
 - ``nft`` (notes §3.2, DiffusionNFT negative-aware forward-process loss, paper form).
 - ``flow_dpo`` (notes §3.3, Flow-DPO / Diffusion-DPO).
+- ``flow_dpo_trajectory``: the same preference over whole episodes (implicit rewards summed per episode).
 
 Sign convention: every function returns a loss to MINIMISE. Policy/value/NFT/DPO losses return
 ``(loss, metrics)`` with ``metrics`` a dict of detached scalar tensors; ``kl_penalty`` and ``entropy_bonus``
@@ -315,4 +316,31 @@ def flow_dpo_loss(
             "model_margin": (e_tw - e_tl).mean(),
             "ref_margin": (e_rw - e_rl).mean(),
         }
+    return loss, metrics
+
+
+@register("loss", "flow_dpo_trajectory")
+def flow_dpo_trajectory_loss(
+    diff_w: torch.Tensor,
+    pair_w: torch.Tensor,
+    diff_l: torch.Tensor,
+    pair_l: torch.Tensor,
+    num_pairs: int,
+    beta: float = 100.0,
+) -> tuple[torch.Tensor, Metrics]:
+    """Flow-DPO over whole episodes: Diffusion-DPO's implicit reward summed over each episode's decisions::
+
+        d = e_θ(x) − e_ref(x) per decision (the ``flow_dpo`` errors, ``diff_w`` / ``diff_l``)
+        L = −log σ( −β/2 · [ Σ_{decisions of w} d − Σ_{decisions of l} d ] ),  mean over the pairs
+
+    ``pair_w`` / ``pair_l`` give the pair (0..num_pairs−1) each decision belongs to. Diffusion-DPO sums the
+    per-step terms of a denoising chain (arXiv 2311.12908); here the chain is the episode's sequence of
+    action chunks. Metrics: ``implicit_acc`` (share of pairs with a positive logit), ``logit_mean``.
+    """
+    sum_w = torch.zeros(num_pairs, device=diff_w.device).index_add(0, pair_w.to(diff_w.device), diff_w.float())
+    sum_l = torch.zeros(num_pairs, device=diff_l.device).index_add(0, pair_l.to(diff_l.device), diff_l.float())
+    logit = -0.5 * beta * (sum_w - sum_l)
+    loss = -F.logsigmoid(logit).mean()
+    with torch.no_grad():
+        metrics = {"implicit_acc": (logit > 0).float().mean(), "logit_mean": logit.mean()}
     return loss, metrics

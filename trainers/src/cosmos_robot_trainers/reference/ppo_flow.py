@@ -12,7 +12,8 @@ Conventions it shares with the modular trainer (they define "the same run"): epi
 ``1_000_000 * (1 + env_seed) + serial`` with tasks round-robin, per-iteration generators seeded with
 ``(seed * 1_000_003 + iteration * 101 + stream) % 2**63`` (stream 0 samples actions, stream 1 orders
 minibatches), an action chunk = one MDP step with its rewards summed, episodes bootstrapped with
-V(final obs) when the time limit cuts them, AdamW with the value head at the critic learning rate.
+V(final obs) when the time limit cuts them, AdamW with the value head at the critic learning rate and
+its gradient clipped apart from the actor's, log-probs over ``logprob_dims`` (the recipes' "auto").
 
     python -m cosmos_robot_trainers.reference.ppo_flow --init checkpoints/flow_tabletop --iterations 2
 """
@@ -60,7 +61,9 @@ class Args:
     critic_lr: float = 1e-3  # value head learning rate
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas
     weight_decay: float = 0.0  # AdamW weight decay
-    grad_clip: float = 1.0  # global grad-norm clip
+    grad_clip: float = 1.0  # actor grad-norm clip (everything but the value head)
+    critic_grad_clip: float = 1.0  # value-head grad-norm clip (clipped on its own)
+    logprob_dims: list[int] = field(default_factory=lambda: [0, 1, 2, 5, 6])  # log-prob action dims (not drx, dry)
     epochs: int = 2  # passes over each iteration's data
     minibatch_size: int = 8  # decisions per optimizer step
     iterations: int = 2  # rollout + update iterations
@@ -137,7 +140,7 @@ def rollout(args: Args, policy: FlowPolicy, envs: BatchedEnv, iteration: int) ->
                 generator=gen,
                 noise_level=args.noise_level,
                 replan_steps=args.replan_steps,
-                dims=policy.config.action_dim,
+                dims=args.logprob_dims,
             )
         obs, reward, done, cut = execute_chunk(args, policy, envs, sample.actions, active, obs, success)
         boot = np.zeros(len(active), dtype=np.float32)
@@ -270,7 +273,7 @@ def main(args: Args) -> FlowPolicy:
                         sde_step=sde[mb],
                         noise_level=args.noise_level,
                         replan_steps=args.replan_steps,
-                        dims=policy.config.action_dim,
+                        dims=args.logprob_dims,
                     ).log_prob
                     ratio = torch.exp(logp - old_logp[mb])
                     a = adv[mb]
@@ -286,9 +289,8 @@ def main(args: Args) -> FlowPolicy:
                     loss = pg + args.value_coef * v_loss.mean()
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    torch.nn.utils.clip_grad_norm_(
-                        [p for p in model.parameters() if p.grad is not None], args.grad_clip
-                    )
+                    for group, clip in ((actor, args.grad_clip), (critic, args.critic_grad_clip)):
+                        torch.nn.utils.clip_grad_norm_([p for p in group if p.grad is not None], clip)
                     optimizer.step()
             sr = float(np.mean(data["success"])) if data["success"] else math.nan
             print(
@@ -307,7 +309,7 @@ def parse_args(argv: list[str] | None = None) -> Args:
         default: Any = getattr(defaults, f.name)
         flag = "--" + f.name.replace("_", "-")
         if isinstance(default, list):
-            parser.add_argument(flag, nargs="+", default=default)
+            parser.add_argument(flag, nargs="+", type=type(default[0]) if default else str, default=default)
         elif isinstance(default, tuple):
             parser.add_argument(flag, nargs=2, type=float, default=default)
         elif default is None:

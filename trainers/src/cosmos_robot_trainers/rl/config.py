@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from cosmos_robot.config import StrictModel
+from cosmos_robot.policies.flow.sampling import SampleMode
 from cosmos_robot_trainers.common.evaluation import EvalSchedule
 from cosmos_robot_trainers.common.output import OutputConfig
 
@@ -43,16 +44,33 @@ class AlgorithmNeeds:
 
     min_group_size: int  # episodes per initial state it compares
     log_probs: bool  # needs the rollout sampler's log-probs (so not sample_mode "ode")
+    sample_mode: SampleMode = "flow_sde"  # the rollout sampler that rollout.sample_mode "auto" picks
 
 
 # trainer name -> its needs; the update and advantage of each are rl/methods.py's METHODS
 ALGORITHMS: dict[str, AlgorithmNeeds] = {
     "joint_ppo": AlgorithmNeeds(min_group_size=1, log_probs=True),
     "grpo": AlgorithmNeeds(min_group_size=2, log_probs=True),
-    "nft": AlgorithmNeeds(min_group_size=1, log_probs=False),
+    # NFT needs no likelihoods and regresses onto the sampled chunks: ODE samples are what serving
+    # executes, while the SDE's injected noise would be regressed onto as well
+    "nft": AlgorithmNeeds(min_group_size=1, log_probs=False, sample_mode="ode"),
     "dpo": AlgorithmNeeds(min_group_size=2, log_probs=False),
 }
 TABLETOP_TASKS = ["reach", "push", "pick_place", "open_drawer"]
+
+# suite -> the action dims that log-probs and the NFT / DPO regression losses cover under
+# rollout.logprob_dims = "auto" (a suite not listed: all dims). Tabletop actions are
+# [dx, dy, dz, drx, dry, drz, gripper]; the scripted experts (8 episodes per task, seeds 1000-1007,
+# every one a success) use per-dim action std, in env action units:
+#   reach       0.421 0.417 0.297 | 0.0036 0.0032 0.     | 0.
+#   push        0.362 0.306 0.440 | 0.0062 0.0086 0.0014 | 0.
+#   pick_place  0.290 0.432 0.488 | 0.0023 0.0015 0.175  | 0.988
+#   open_drawer 0.493 0.206 0.300 | 0.0023 0.0066 0.     | 0.
+# drx and dry (the fingers-down corrections) stay at or below 2% of each task's largest std (0.9% and
+# 1.3% pooled): no task needs them, yet each adds a full Gaussian term per executed row to the log-prob
+# (the diagnosis: split-half gradient cosine -0.08 on the rotation dims alone, +0.014 on the others).
+# drz (the yaw that pick_place turns to the cube) and the gripper stay.
+SUITE_LOGPROB_DIMS: dict[str, tuple[int, ...]] = {"tabletop": (0, 1, 2, 5, 6)}
 
 
 class EnvConfig(StrictModel):
@@ -75,10 +93,22 @@ class RolloutConfig(StrictModel):
 
     episodes_per_iter: int = Field(default=32, ge=1)  # episodes per iteration (a multiple of algo.group_size)
     replan_steps: int = Field(default=5, ge=1)  # actions executed open-loop per chunk (<= chunk_size): one MDP step
-    sample_mode: Literal["flow_sde", "flow_noise", "ode"] = "flow_sde"  # log-prob sampler (ode: NFT/DPO only)
+    # rollout sampler: flow_sde / flow_noise (with log-probs), ode (NFT/DPO only); auto: the trainer's
+    # (ALGORITHMS: ode for nft, flow_sde otherwise)
+    sample_mode: Literal["auto", "flow_sde", "flow_noise", "ode"] = "auto"
+    # action-dim indices the log-probs and NFT / DPO losses cover; "all"; "auto": the suite's
+    # (SUITE_LOGPROB_DIMS: tabletop leaves out drx, dry), else all
+    logprob_dims: Literal["auto", "all"] | list[int] = "auto"
     num_flow_steps: int | None = Field(default=None, ge=1)  # denoising steps K (None: the checkpoint's)
     noise_level: float | None = Field(default=None, gt=0)  # Flow-SDE a in sigma_t = a sqrt(t/(1-t)) (None: ckpt)
     num_workers: int = Field(default=1, ge=1)  # rollout workers; > 1 runs them as Ray actors (pip install ray)
+
+    @model_validator(mode="after")
+    def _dims(self) -> RolloutConfig:
+        dims = self.logprob_dims
+        if isinstance(dims, list) and (not dims or len(set(dims)) != len(dims) or min(dims) < 0):
+            raise ValueError(f"rollout.logprob_dims: expected distinct action-dim indices >= 0, got {dims}")
+        return self
 
 
 class RewardConfig(StrictModel):
@@ -116,6 +146,9 @@ class AlgoConfig(StrictModel):
     nft_samples: int = Field(default=1, ge=1)  # nft, dpo: (t, noise) draws per decision and epoch
     dpo_beta: float = Field(default=100.0, gt=0)  # dpo: Flow-DPO beta
     dpo_pairs_per_group: int = Field(default=4, ge=1)  # dpo: (success, failure) episode pairs per group
+    # dpo: what a pair compares: "trajectory" (the implicit reward summed over each episode's decisions)
+    # or "first_decision" (both episodes' step-0 decisions: same initial state, same observation)
+    dpo_pairing: Literal["trajectory", "first_decision"] = "trajectory"
 
 
 class OptimConfig(StrictModel):
@@ -125,10 +158,11 @@ class OptimConfig(StrictModel):
     critic_lr: float = Field(default=1e-3, gt=0)  # value head learning rate
     weight_decay: float = Field(default=0.0, ge=0)  # AdamW decoupled weight decay
     betas: tuple[float, float] = (0.9, 0.95)  # AdamW betas (RLinf)
-    grad_clip: float | None = Field(default=1.0, gt=0)  # global grad-norm clip (None: off)
+    grad_clip: float | None = Field(default=1.0, gt=0)  # actor grad-norm clip (all but the value head; None: off)
+    critic_grad_clip: float | None = Field(default=1.0, gt=0)  # value-head grad-norm clip (None: off)
     epochs: int = Field(default=4, ge=1)  # passes over each iteration's data
     freeze_vlm: bool = False  # pi05: freeze SigLIP + the Gemma VLM (train the action expert and the value head)
-    minibatch_size: int = Field(default=128, ge=1)  # decisions (nft/dpo: decisions or pairs) per optimizer step
+    minibatch_size: int = Field(default=128, ge=1)  # decisions (dpo: episode pairs) per optimizer step
 
 
 class TrainConfig(StrictModel):
@@ -143,6 +177,8 @@ class TrainConfig(StrictModel):
     keep_checkpoints: int = Field(default=2, ge=1)  # newest checkpoint folders kept
     max_wall_minutes: float | None = Field(default=None, gt=0)  # stop (checkpoint + export) after this long
     progress: bool = True  # progress bar on stderr
+    # iterations between split-half gradient-cosine health checks (grad_cosine_split_half; 0: never)
+    grad_cosine_every: int = Field(default=1, ge=0)
 
 
 class EvalConfig(EvalSchedule):
@@ -191,7 +227,7 @@ class RLConfig(StrictModel):
                 f"algo.group_size must be >= {needs.min_group_size} for {self.trainer} "
                 "(episodes compared per initial state)"
             )
-        if needs.log_probs and self.rollout.sample_mode == "ode":
+        if needs.log_probs and self.sample_mode == "ode":
             raise ValueError(
                 f"rollout.sample_mode 'ode' has no log-probs; {self.trainer} needs 'flow_sde' or 'flow_noise'"
             )
@@ -206,6 +242,24 @@ class RLConfig(StrictModel):
             )
         return self
 
+    @property
+    def sample_mode(self) -> SampleMode:
+        """The rollout sampler: ``rollout.sample_mode``, or the trainer's (``ALGORITHMS``) for "auto"."""
+        mode = self.rollout.sample_mode
+        return ALGORITHMS[self.trainer].sample_mode if mode == "auto" else mode
+
+    def logprob_dims(self, action_dims: int) -> tuple[int, ...]:
+        """The action-dim indices the log-probs and losses cover (``rollout.logprob_dims``), checked
+        against the policy's ``action_dims``."""
+        dims = self.rollout.logprob_dims
+        if dims == "all":
+            return tuple(range(action_dims))
+        if dims == "auto":
+            return SUITE_LOGPROB_DIMS.get(self.env.suite, tuple(range(action_dims)))
+        if max(dims) >= action_dims:
+            raise ValueError(f"rollout.logprob_dims {dims}: the policy has {action_dims} action dims")
+        return tuple(sorted(dims))
+
 
 RUNTIME_FIELDS = frozenset(
     {
@@ -216,6 +270,7 @@ RUNTIME_FIELDS = frozenset(
         "train.keep_checkpoints",
         "train.max_wall_minutes",
         "train.progress",
+        "train.grad_cosine_every",
         "train.iterations",
         "output",
         "eval",

@@ -6,18 +6,21 @@
   recomputed from the stored denoising chains (``recompute_log_prob``), so on the first minibatch of
   every update the ratio is 1 up to float error; ``ratio_dev_first_mb`` reports max |ratio - 1|
   there and the driver refuses to continue past 1e-3 (the correctness gate).
-- ``update_nft``: DiffusionNFT's forward-process loss on the executed chunks, weighted by each
-  episode's optimality probability, against the "old" (rollout-time or EMA) policy's velocity.
-- ``update_dpo``: Flow-DPO on (success, failure) episode pairs from the same initial state: for each
-  pair, decision k of the winner against decision k' of the loser with shared flow noise and time,
-  relative to the frozen initial policy.
+- ``split_half_cosine``: a health metric, no step: the cosine between the policy-loss gradients of
+  one minibatch from each of two random halves of the iteration's episodes (``train.grad_cosine_every``).
+- ``optimizer_step`` (shared with ``regression.py``'s DiffusionNFT and Flow-DPO updates): backward,
+  then each parameter group clipped on its own (actor ``optim.grad_clip``, value head ``optim.critic_grad_clip``;
+  one global clip let the critic's norm shrink the actor's step), pre-clip norms logged per group.
 
-Every function returns the mean of its per-minibatch metrics (floats) for the metrics log.
+Log-probs cover the rows ``[:replan_steps]`` and the action dims ``rollout.logprob_dims`` (the same
+set the rollout sampled with). Every function returns the mean of its per-minibatch metrics (floats).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,11 +28,24 @@ import torch
 from cosmos_robot.policies.flow.sampling import SampleMode, recompute_log_prob
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.rl.advantage import Advantages
-from cosmos_robot_trainers.rl.config import RLConfig
+from cosmos_robot_trainers.rl.config import OptimConfig, RLConfig
 from cosmos_robot_trainers.rl.policies import RLModel
 from cosmos_robot_trainers.rl.rollout import Rollout, index_inputs
 
-__all__ = ["RATIO_GATE", "build_optimizer", "update_dpo", "update_nft", "update_policy_gradient"]
+__all__ = [
+    "RATIO_GATE",
+    "Means",
+    "build_optimizer",
+    "minibatches",
+    "optimizer_step",
+    "logprob_dims",
+    "episode_split_minibatches",
+    "policy_gradient",
+    "policy_gradient_health",
+    "split_half_cosine",
+    "split_halves",
+    "update_policy_gradient",
+]
 
 RATIO_GATE = 1e-3  # max |ratio - 1| allowed on the first minibatch of an update
 
@@ -48,7 +64,9 @@ def build_optimizer(model: RLModel, config: RLConfig) -> torch.optim.AdamW:
     )
 
 
-class _Means:
+class Means:
+    """Running means of per-minibatch metrics (tensors or floats)."""
+
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
@@ -67,26 +85,137 @@ def _inputs(rollout: Rollout, idx: torch.Tensor, device: torch.device) -> dict[s
     return index_inputs(rollout.inputs, idx, device)
 
 
-def _minibatches(items: torch.Tensor, size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+def minibatches(items: torch.Tensor, size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
     order = items[torch.randperm(len(items), generator=generator)]
     for start in range(0, len(order), size):
         yield order[start : start + size]
 
 
-def _step(model: RLModel, optimizer: torch.optim.Optimizer, loss: torch.Tensor, grad_clip: float | None) -> float:
+def _group_norm(params: list[torch.nn.Parameter], clip: float | None) -> torch.Tensor:
+    """Pre-clip gradient norm of ``params``, clipped to ``clip`` in place (None: only measured)."""
+    if clip is not None:
+        return torch.nn.utils.clip_grad_norm_(params, clip)
+    return torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None])
+    )
+
+
+def optimizer_step(
+    model: RLModel, optimizer: torch.optim.Optimizer, loss: torch.Tensor, optim: OptimConfig
+) -> dict[str, float]:
+    """Backward, clip each parameter group on its own (actor: ``optim.grad_clip``, critic = the value
+    head: ``optim.critic_grad_clip``), step; the pre-clip norms ``grad_norm_<group>`` and their
+    combined ``grad_norm``."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    params = [p for p in model.parameters() if p.grad is not None]
-    if grad_clip is not None:
-        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-    else:
-        norm = torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None])
-        )
-    if not torch.isfinite(norm):
-        raise FloatingPointError(f"gradient norm is {float(norm)}; lower optim.actor_lr / optim.critic_lr")
+    clips = {"actor": optim.grad_clip, "critic": optim.critic_grad_clip}
+    norms: dict[str, float] = {}
+    for group in optimizer.param_groups:
+        params = [p for p in group["params"] if p.grad is not None]
+        if not params:
+            continue
+        name = str(group.get("name", "actor"))
+        norm = float(_group_norm(params, clips[name]))
+        if not math.isfinite(norm):
+            raise FloatingPointError(f"{name} gradient norm is {norm}; lower optim.actor_lr / optim.critic_lr")
+        norms[f"grad_norm_{name}"] = norm
     optimizer.step()
-    return float(norm)
+    norms["grad_norm"] = math.sqrt(sum(v * v for v in norms.values()))
+    return norms
+
+
+def logprob_dims(model: RLModel, config: RLConfig) -> tuple[int, ...]:
+    """The action dims the log-probs and losses cover: ``rollout.logprob_dims`` within the executed
+    (never padding) dims of the model, the same set the rollout sampled with."""
+    return config.logprob_dims(int(getattr(model, "action_dims", model.config.action_dim)))
+
+
+@dataclass
+class _PolicyGradient:
+    """One PPO / GRPO / GSPO update's fixed inputs; ``loss(mb)`` is a minibatch's joint loss."""
+
+    model: RLModel
+    rollout: Rollout
+    adv: Advantages
+    config: RLConfig
+    sample_mode: SampleMode
+    noise_level: float
+    dims: tuple[int, ...]
+    ref_model: RLModel | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def log_prob(self, m: RLModel, context: Any, mb: torch.Tensor) -> Any:
+        chain, sde = self.rollout.chain[mb].to(self.device), self.rollout.sde_step[mb].to(self.device)
+        h = self.config.rollout.replan_steps
+        return recompute_log_prob(m, context, chain, self.sample_mode, sde, self.noise_level, h, self.dims)
+
+    def surrogate(self, mb: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any], Any, Any, dict[str, Any]]:
+        """The per-decision clipped surrogate of ``mb``: ``(loss, metrics, log-probs, context, batch)``."""
+        algo = self.config.algo
+        batch = _inputs(self.rollout, mb, self.device)
+        context = self.model.encode(batch)
+        lp = self.log_prob(self.model, context, mb)
+        old, a = self.rollout.log_prob[mb].to(self.device), self.adv.advantages[mb].to(self.device)
+        pl, pm = get_algorithm("loss", "ppo")(
+            lp.log_prob, old, a, clip=algo.clip, clip_high=algo.clip_high, dual_clip=algo.dual_clip
+        )
+        return pl, pm, lp, context, batch
+
+    def loss(self, mb: torch.Tensor, *, train_policy: bool, gspo: bool, first: bool) -> tuple[torch.Tensor, dict]:
+        algo = self.config.algo
+        pl, pm, lp, context, batch = self.surrogate(mb)
+        old = self.rollout.log_prob[mb].to(self.device)
+        metrics: dict[str, Any] = {}
+        loss = torch.zeros((), device=self.device)
+        if first:
+            with torch.no_grad():
+                metrics["ratio_dev_first_mb"] = float((torch.exp(lp.log_prob - old) - 1.0).abs().max())
+        if train_policy:
+            if gspo:
+                a = self.adv.advantages[mb].to(self.device)
+                pl, pm = _gspo(lp.log_prob, old, a, self.rollout, mb, algo.gspo_clip_low, algo.gspo_clip_high)
+            loss = loss + pl
+            metrics.update({"policy_loss": pl, **pm})
+            if algo.entropy_coef > 0:
+                ent = lp.entropy.mean()
+                loss = loss - algo.entropy_coef * ent
+                metrics["entropy"] = ent
+            if self.ref_model is not None and algo.kl_coef > 0:
+                with torch.no_grad():
+                    ref_lp = self.log_prob(self.ref_model, self.ref_model.encode(batch), mb)
+                kl = get_algorithm("loss", "kl")(lp.log_prob, ref_lp.log_prob, "k3")
+                loss = loss + algo.kl_coef * kl
+                metrics["kl_ref"] = kl
+        if self.adv.returns is not None:
+            v = self.model.value(context, detach=algo.detach_critic)
+            vl, vm = get_algorithm("loss", "value")(
+                v,
+                self.rollout.value[mb].to(self.device),
+                self.adv.returns[mb].to(self.device),
+                clip=algo.value_clip,
+                huber_delta=algo.huber_delta,
+            )
+            loss = loss + algo.value_coef * vl
+            metrics.update({"value_loss": vl, "value_mean": vm["value_mean"]})
+        return loss, metrics
+
+
+def policy_gradient(
+    model: RLModel,
+    rollout: Rollout,
+    adv: Advantages,
+    config: RLConfig,
+    *,
+    sample_mode: SampleMode,
+    noise_level: float,
+    ref_model: RLModel | None = None,
+) -> _PolicyGradient:
+    """The minibatch losses of a PPO / GRPO update over ``rollout`` (log-probs over ``logprob_dims``)."""
+    dims = logprob_dims(model, config)
+    return _PolicyGradient(model, rollout, adv, config, sample_mode, noise_level, dims, ref_model)
 
 
 def update_policy_gradient(
@@ -106,77 +235,29 @@ def update_policy_gradient(
 ) -> dict[str, float]:
     """PPO / GRPO / GSPO epochs over the rollout. ``adv.returns`` set -> joint PPO with the value loss;
     ``sequence_ratio`` -> GSPO's per-episode ratio (minibatches of whole episodes)."""
-    algo, o = config.algo, config.optim
-    device = next(model.parameters()).device
-    replan_steps = config.rollout.replan_steps
-    dims = int(getattr(model, "action_dims", model.config.action_dim))  # executed dims, never padding
-    use_value = adv.returns is not None
-    gspo = sequence_ratio
+    o = config.optim
+    pg = policy_gradient(
+        model, rollout, adv, config, sample_mode=sample_mode, noise_level=noise_level, ref_model=ref_model
+    )
     keep_idx = torch.nonzero(adv.keep).flatten()
-    means = _Means()
+    means = Means()
     first = True
     model.train()
     if len(keep_idx) == 0:
         return {"skipped_update": 1.0}
     episodes = torch.unique(rollout.episode[keep_idx])
-
-    def log_prob(m: RLModel, context: Any, mb: torch.Tensor) -> Any:
-        chain, sde = rollout.chain[mb].to(device), rollout.sde_step[mb].to(device)
-        return recompute_log_prob(m, context, chain, sample_mode, sde, noise_level, replan_steps, dims)
-
     for _ in range(o.epochs):
-        if gspo:  # minibatches of whole episodes (the ratio is per sequence)
+        if sequence_ratio:  # minibatches of whole episodes (the ratio is per sequence)
             per_ep = max(1, o.minibatch_size // max(1, int(rollout.step.max()) + 1))
             batches = [
-                keep_idx[torch.isin(rollout.episode[keep_idx], eps)]
-                for eps in _minibatches(episodes, per_ep, generator)
+                keep_idx[torch.isin(rollout.episode[keep_idx], eps)] for eps in minibatches(episodes, per_ep, generator)
             ]
         else:
-            batches = list(_minibatches(keep_idx, o.minibatch_size, generator))
+            batches = list(minibatches(keep_idx, o.minibatch_size, generator))
         for mb in batches:
-            batch = _inputs(rollout, mb, device)
-            context = model.encode(batch)
-            lp = log_prob(model, context, mb)
-            old = rollout.log_prob[mb].to(device)
-            a = adv.advantages[mb].to(device)
-            metrics: dict[str, Any] = {}
-            loss = torch.zeros((), device=device)
-            if first:
-                with torch.no_grad():
-                    metrics["ratio_dev_first_mb"] = float((torch.exp(lp.log_prob - old) - 1.0).abs().max())
-                first = False
-            if train_policy:
-                if gspo:
-                    pl, pm = _gspo(lp.log_prob, old, a, rollout, mb, algo.gspo_clip_low, algo.gspo_clip_high)
-                else:
-                    pl, pm = get_algorithm("loss", "ppo")(
-                        lp.log_prob, old, a, clip=algo.clip, clip_high=algo.clip_high, dual_clip=algo.dual_clip
-                    )
-                loss = loss + pl
-                metrics.update({"policy_loss": pl, **pm})
-                if algo.entropy_coef > 0:
-                    ent = lp.entropy.mean()
-                    loss = loss - algo.entropy_coef * ent
-                    metrics["entropy"] = ent
-                if ref_model is not None and algo.kl_coef > 0:
-                    with torch.no_grad():
-                        ref_lp = log_prob(ref_model, ref_model.encode(batch), mb)
-                    kl = get_algorithm("loss", "kl")(lp.log_prob, ref_lp.log_prob, "k3")
-                    loss = loss + algo.kl_coef * kl
-                    metrics["kl_ref"] = kl
-            if use_value:
-                assert adv.returns is not None
-                v = model.value(context, detach=algo.detach_critic)
-                vl, vm = get_algorithm("loss", "value")(
-                    v,
-                    rollout.value[mb].to(device),
-                    adv.returns[mb].to(device),
-                    clip=algo.value_clip,
-                    huber_delta=algo.huber_delta,
-                )
-                loss = loss + algo.value_coef * vl
-                metrics.update({"value_loss": vl, "value_mean": vm["value_mean"]})
-            metrics["grad_norm"] = _step(model, optimizer, loss, o.grad_clip)
+            loss, metrics = pg.loss(mb, train_policy=train_policy, gspo=sequence_ratio, first=first)
+            first = False
+            metrics.update(optimizer_step(model, optimizer, loss, o))
             means.add(metrics)
     return means.result()
 
@@ -205,88 +286,59 @@ def _gspo(
     return loss, metrics
 
 
-def _flow_draws(n: int, model: RLModel, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    cfg = model.config
-    noise = torch.randn((n, cfg.chunk_size, cfg.action_dim), generator=generator)
-    return noise, model.sample_time(n, generator)
+def split_halves(units: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``units`` (e.g. episode ids) shuffled and cut into two halves."""
+    order = units[torch.randperm(len(units), generator=generator)]
+    return order[: len(order) // 2], order[len(order) // 2 :]
 
 
-def update_nft(
+def split_half_cosine(
+    model: RLModel, minibatches: tuple[torch.Tensor, torch.Tensor], loss_of: Callable[[torch.Tensor], torch.Tensor]
+) -> dict[str, float]:
+    """``grad_cosine_split_half``: the cosine between the actor gradients (every parameter but the value
+    head) of ``loss_of`` on two minibatches drawn from disjoint halves of the data. The model and its
+    ``.grad`` are left unchanged. Near 0 (the diagnosis: -0.04 on a 64-episode tabletop iteration) the
+    two halves disagree on the direction: a minibatch step is mostly noise; clearly positive means
+    the iteration's data carries a shared direction."""
+    params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("value_head.")]
+    flat = []
+    for mb in minibatches:
+        grads = torch.autograd.grad(loss_of(mb), params, allow_unused=True)
+        flat.append(torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)]))
+    cos = torch.nn.functional.cosine_similarity(flat[0], flat[1], dim=0)
+    return {"grad_cosine_split_half": float(cos)}
+
+
+def episode_split_minibatches(
+    rollout: Rollout, keep: torch.Tensor, size: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """One minibatch of kept decisions from each random half of the kept episodes (None: < 2 episodes)."""
+    keep_idx = torch.nonzero(keep).flatten()
+    episodes = torch.unique(rollout.episode[keep_idx])
+    if len(episodes) < 2:
+        return None
+    halves = split_halves(episodes, generator)
+    out = []
+    for half in halves:
+        rows = keep_idx[torch.isin(rollout.episode[keep_idx], half)]
+        out.append(rows[torch.randperm(len(rows), generator=generator)[:size]])
+    return out[0], out[1]
+
+
+def policy_gradient_health(
     model: RLModel,
-    old_model: RLModel,
-    optimizer: torch.optim.Optimizer,
     rollout: Rollout,
     adv: Advantages,
     config: RLConfig,
     generator: torch.Generator,
+    *,
+    sample_mode: SampleMode,
+    noise_level: float,
 ) -> dict[str, float]:
-    """DiffusionNFT epochs: x0 = the sampled chunk, r = optimality probability of its episode."""
-    o, algo = config.optim, config.algo
-    device = next(model.parameters()).device
-    keep_idx = torch.nonzero(adv.keep).flatten()
-    means = _Means()
+    """Split-half cosine of the per-decision clipped surrogate's gradient (before the update: ratio 1)."""
+    mbs = episode_split_minibatches(rollout, adv.keep, config.optim.minibatch_size, generator)
+    if mbs is None:
+        return {}
+    pg = policy_gradient(model, rollout, adv, config, sample_mode=sample_mode, noise_level=noise_level)
     model.train()
-    if len(keep_idx) == 0:
-        return {"skipped_update": 1.0}
-    x0_all = rollout.chain[:, -1]
-    for _ in range(o.epochs):
-        for mb in _minibatches(keep_idx.repeat(algo.nft_samples), o.minibatch_size, generator):
-            batch = _inputs(rollout, mb, device)
-            x0 = x0_all[mb].to(device)
-            noise, t = _flow_draws(len(mb), model, generator)
-            noise, t = noise.to(device), t.to(device)
-            x_t = (1.0 - t[:, None, None]) * x0 + t[:, None, None] * noise
-            v_theta = model.velocity(x_t, t, model.encode(batch))
-            with torch.no_grad():
-                v_old = old_model.velocity(x_t, t, old_model.encode(batch))
-            loss, metrics = get_algorithm("loss", "nft")(
-                v_theta, v_old, noise - x0, adv.advantages[mb].to(device), beta=algo.nft_beta
-            )
-            metrics = {"nft_loss": loss, **metrics, "grad_norm": _step(model, optimizer, loss, o.grad_clip)}
-            means.add(metrics)
-    return means.result()
-
-
-def update_dpo(
-    model: RLModel,
-    ref_model: RLModel,
-    optimizer: torch.optim.Optimizer,
-    rollout: Rollout,
-    pairs: torch.Tensor,
-    config: RLConfig,
-    generator: torch.Generator,
-) -> dict[str, float]:
-    """Flow-DPO epochs over (winner, loser) episode pairs; one decision of each per pair and draw."""
-    o, algo = config.optim, config.algo
-    device = next(model.parameters()).device
-    means = _Means()
-    model.train()
-    if len(pairs) == 0:
-        return {"skipped_update": 1.0}
-    by_episode = [torch.nonzero(rollout.episode == e).flatten() for e in range(rollout.num_episodes)]
-    x0_all = rollout.chain[:, -1]
-    rows = torch.arange(len(pairs)).repeat(algo.nft_samples)
-    for _ in range(o.epochs):
-        for mb in _minibatches(rows, o.minibatch_size, generator):
-            win, lose = [], []
-            for w, lo in pairs[mb].tolist():
-                dw, dl = by_episode[w], by_episode[lo]
-                win.append(dw[torch.randint(len(dw), (1,), generator=generator)])
-                lose.append(dl[torch.randint(len(dl), (1,), generator=generator)])
-            iw, il = torch.cat(win), torch.cat(lose)
-            noise, t = _flow_draws(len(mb), model, generator)
-            noise, t = noise.to(device), t.to(device)
-            tt = t[:, None, None]
-            outs = []
-            for idx in (iw, il):
-                batch = _inputs(rollout, idx, device)
-                x0 = x0_all[idx].to(device)
-                x_t = (1.0 - tt) * x0 + tt * noise
-                v_theta = model.velocity(x_t, t, model.encode(batch))
-                with torch.no_grad():
-                    v_ref = ref_model.velocity(x_t, t, ref_model.encode(batch))
-                outs.append((v_theta, v_ref, noise - x0))
-            loss, metrics = get_algorithm("loss", "flow_dpo")(*outs[0], *outs[1], beta=algo.dpo_beta)
-            metrics = {"dpo_loss": loss, **metrics, "grad_norm": _step(model, optimizer, loss, o.grad_clip)}
-            means.add(metrics)
-    return means.result()
+    return split_half_cosine(model, mbs, lambda mb: pg.surrogate(mb)[0])

@@ -1,11 +1,12 @@
 """The online RL algorithms, one table entry each: how a rollout becomes advantages, and the update.
 
 Why a table: the driver (``trainer.py``) runs the same named phases for every algorithm
-(rollout -> reward -> old_logprob -> advantage -> update -> weight_sync); only the advantage and
-update phases and the extra models an algorithm keeps (a frozen reference, NFT's old policy)
-differ. Each entry names those, so the driver never compares algorithm names and a new algorithm
-is its loss / advantage in ``cosmos_robot_trainers.algorithms``, its update in ``learner.py`` and
-one ``OnlineMethod`` here (``rl/config.py``'s ``ALGORITHMS`` holds the facts its config checks use).
+(rollout -> reward -> old_logprob -> advantage -> health -> update -> weight_sync); only the
+advantage, health and update phases and the extra models an algorithm keeps (a frozen reference,
+NFT's old policy) differ. Each entry names those, so the driver never compares algorithm names and a
+new algorithm is its loss / advantage in ``cosmos_robot_trainers.algorithms``, its update in
+``learner.py`` or ``regression.py`` and one ``OnlineMethod`` here (``rl/config.py``'s ``ALGORITHMS``
+holds the facts its config checks use).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import torch
 from cosmos_robot.policies.flow.sampling import SampleMode
 from cosmos_robot_trainers.rl.advantage import Advantages, dpo_pairs, group_advantages, nft_advantages, ppo_advantages
 from cosmos_robot_trainers.rl.config import ALGORITHMS, AlgoConfig, RLConfig
-from cosmos_robot_trainers.rl.learner import update_dpo, update_nft, update_policy_gradient
+from cosmos_robot_trainers.rl.learner import policy_gradient_health, update_policy_gradient
 from cosmos_robot_trainers.rl.policies import RLModel
+from cosmos_robot_trainers.rl.regression import dpo_health, nft_health, update_dpo, update_nft
 from cosmos_robot_trainers.rl.rollout import Rollout
 
 __all__ = ["METHODS", "OnlineMethod", "UpdateInputs", "get_method"]
@@ -47,13 +49,15 @@ Stats = dict[str, float]
 
 @dataclass(frozen=True)
 class OnlineMethod:
-    """One online algorithm: ``advantage(rollout, algo, generator) -> (targets, stats)`` and
-    ``update(inputs, rollout, targets) -> metrics``; ``reference(config)`` says whether it keeps a
+    """One online algorithm: ``advantage(rollout, algo, generator) -> (targets, stats)``,
+    ``update(inputs, rollout, targets) -> metrics`` and ``health(inputs, rollout, targets) -> metrics``
+    (the split-half gradient cosine of its loss; no step); ``reference(config)`` says whether it keeps a
     frozen copy of the starting model, ``old_model`` whether it keeps a slowly moving old policy."""
 
     name: str
     advantage: Callable[[Rollout, AlgoConfig, torch.Generator], tuple[Any, Stats]]
     update: Callable[[UpdateInputs, Rollout, Any], Stats]
+    health: Callable[[UpdateInputs, Rollout, Any], Stats]
     reference: Callable[[RLConfig], bool] = lambda config: config.algo.kl_coef > 0
     old_model: bool = False
 
@@ -87,6 +91,28 @@ def _policy_gradient(*, critic: bool) -> Callable[[UpdateInputs, Rollout, Advant
     return update
 
 
+def _policy_gradient_health(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
+    return policy_gradient_health(
+        inp.model,
+        rollout,
+        adv,
+        inp.config,
+        inp.generator,
+        sample_mode=inp.sample_mode,
+        noise_level=inp.noise_level,
+    )
+
+
+def _nft_health(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
+    assert inp.old_model is not None
+    return nft_health(inp.model, inp.old_model, rollout, adv, inp.config, inp.generator)
+
+
+def _dpo_health(inp: UpdateInputs, rollout: Rollout, pairs: torch.Tensor) -> Stats:
+    assert inp.ref_model is not None
+    return dpo_health(inp.model, inp.ref_model, rollout, pairs, inp.config, inp.generator)
+
+
 def _dpo_pairs(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -> tuple[torch.Tensor, Stats]:
     pairs = dpo_pairs(rollout, algo, generator)
     return pairs, {"pairs": float(len(pairs))}
@@ -105,10 +131,10 @@ def _update_dpo(inp: UpdateInputs, rollout: Rollout, pairs: torch.Tensor) -> Sta
 METHODS: dict[str, OnlineMethod] = {
     m.name: m
     for m in (
-        OnlineMethod("joint_ppo", _with_stats(ppo_advantages), _policy_gradient(critic=True)),
-        OnlineMethod("grpo", _with_stats(group_advantages), _policy_gradient(critic=False)),
-        OnlineMethod("nft", _with_stats(nft_advantages), _update_nft, old_model=True),
-        OnlineMethod("dpo", _dpo_pairs, _update_dpo, reference=lambda config: True),
+        OnlineMethod("joint_ppo", _with_stats(ppo_advantages), _policy_gradient(critic=True), _policy_gradient_health),
+        OnlineMethod("grpo", _with_stats(group_advantages), _policy_gradient(critic=False), _policy_gradient_health),
+        OnlineMethod("nft", _with_stats(nft_advantages), _update_nft, _nft_health, old_model=True),
+        OnlineMethod("dpo", _dpo_pairs, _update_dpo, _dpo_health, reference=lambda config: True),
     )
 }
 assert set(METHODS) == set(ALGORITHMS), "rl/config.py's ALGORITHMS and rl/methods.py's METHODS disagree"

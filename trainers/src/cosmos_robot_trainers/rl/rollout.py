@@ -95,7 +95,7 @@ class Rollout:
     inputs: dict[str, Any]  # the model inputs the family stores (tensors with first dim M, or lists of M)
     chain: torch.Tensor  # (M, K + 1, H, D) float32 denoising chain (normalised action units)
     sde_step: torch.Tensor  # (M,) int64 Flow-SDE step (-1 for flow_noise / ode)
-    log_prob: torch.Tensor  # (M,) float32 old log-prob (chunk level, executed slice)
+    log_prob: torch.Tensor  # (M,) float32 old log-prob (chunk level: executed rows x rollout.logprob_dims)
     value: torch.Tensor  # (M,) float32 old value
     reward: torch.Tensor  # (M,) float32 MDP reward of the chunk (summed, scaled, shaped: what the learner uses)
     done: torch.Tensor  # (M,) bool: the episode ended after this decision
@@ -253,6 +253,7 @@ class RolloutWorker:
             )
         self.num_flow_steps = config.rollout.num_flow_steps or cfg.num_flow_steps
         self.noise_level = config.rollout.noise_level or cfg.noise_level
+        self.logprob_dims = config.logprob_dims(policy.action_dims)  # the learner recomputes the same slice
 
     def set_weights(self, state: dict[str, Any]) -> None:
         """Load weights sent by the learner (tensors or numpy arrays by parameter name)."""
@@ -282,7 +283,7 @@ class RolloutWorker:
         model = self.policy.model
         context = model.encode(batch)
         value = model.value(context)
-        mode = self.config.rollout.sample_mode
+        mode = self.config.sample_mode
         sample = sample_actions(
             model,
             context,
@@ -291,7 +292,7 @@ class RolloutWorker:
             generator=generator,
             noise_level=self.noise_level,
             replan_steps=self.replan_steps,
-            dims=self.policy.action_dims,
+            dims=self.logprob_dims,
         )
         env_actions = self.policy.env_actions(sample.actions)
         return sample, value.float().cpu(), np.clip(env_actions[:, : self.replan_steps], -1.0, 1.0)

@@ -1,6 +1,6 @@
 """The RL driver: a loop of named, timed phases over iterations (house style item 8, verl's ``fit``).
 
-    rollout -> reward -> old_logprob -> advantage -> update -> weight_sync  [-> eval] [-> checkpoint]
+    rollout -> reward -> old_logprob -> advantage [-> health] -> update -> weight_sync  [-> eval] [-> checkpoint]
 
 - rollout: the iteration's episode schedule on the vectorized envs (``rollout.py``), stochastic
   sampling with log-probs (Flow-SDE / Flow-Noise; NFT and DPO may use plain ODE from random noise);
@@ -8,6 +8,8 @@
 - old_logprob: the stored rollout log-probs and values are the "old" ones (the rollout model is the
   learner's model); this phase checks them (finite, right shapes) and, with a KL term, nothing else;
 - advantage: GAE (joint PPO), group-normalised success (GRPO, NFT's optimality), preference pairs (DPO);
+- health (every ``train.grad_cosine_every`` iterations): the split-half gradient cosine of the
+  algorithm's loss, before the update, with the model unchanged;
 - update: the algorithm's epochs of minibatches (``learner.py``); the first minibatch's ratio must be 1
   within ``RATIO_GATE`` or the run stops with an error naming the cause;
 - weight_sync: Ray workers receive the new weights; NFT's "old" policy moves toward the current one.
@@ -204,7 +206,7 @@ def _setup(config: RLConfig, policy: RLAdapter, ckpt_path: Path | None, log: Cal
     if ckpt_path is not None:
         start, prior_wall = _restore(ckpt_path, model, optimizer, old_model)
         log(f"resuming from {ckpt_path} (iteration {start})")
-    mode = config.rollout.sample_mode
+    mode = config.sample_mode
     k_steps = config.rollout.num_flow_steps or model.config.num_flow_steps
     noise_level = config.rollout.noise_level or model.config.noise_level
     log(
@@ -256,6 +258,7 @@ LINE_KEYS = (
     "kl_ref",
     "entropy",
     "grad_norm",
+    "grad_cosine_split_half",
 )
 
 
@@ -312,6 +315,10 @@ def _iteration(run: _Run, it: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(_seed(config, it, 1))
     adv, adv_stats = phases.run("advantage", _advantage, config, rollout, gen)
     metrics.update(adv_stats)
+    every = config.train.grad_cosine_every
+    if every and it % every == 0:  # before the update, on its own generator: the update is unchanged
+        health_gen = torch.Generator().manual_seed(_seed(config, it, 2))
+        metrics.update(phases.run("health", _health, run, rollout, adv, health_gen, it))
     metrics.update(phases.run("update", _update, run, rollout, adv, gen, it))
     phases.run("weight_sync", _sync, run)
     iter_wall = time.perf_counter() - t_iter
@@ -379,9 +386,8 @@ def _advantage(config: RLConfig, rollout: Rollout, gen: torch.Generator) -> tupl
     return get_method(config.trainer).advantage(rollout, config.algo, gen)
 
 
-def _update(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iteration: int) -> dict[str, float]:
-    """Phase update: the algorithm's epochs of minibatches (``learner.py``)."""
-    inputs = UpdateInputs(
+def _update_inputs(run: _Run, gen: torch.Generator, iteration: int) -> UpdateInputs:
+    return UpdateInputs(
         model=run.model,
         optimizer=run.optimizer,
         config=run.config,
@@ -393,7 +399,16 @@ def _update(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iterati
         ref_model=run.ref_model,
         old_model=run.old_model,
     )
-    return get_method(run.config.trainer).update(inputs, rollout, adv)
+
+
+def _health(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iteration: int) -> dict[str, float]:
+    """Phase health: the split-half gradient cosine of the algorithm's loss (no optimizer step)."""
+    return get_method(run.config.trainer).health(_update_inputs(run, gen, iteration), rollout, adv)
+
+
+def _update(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iteration: int) -> dict[str, float]:
+    """Phase update: the algorithm's epochs of minibatches (``learner.py``, ``regression.py``)."""
+    return get_method(run.config.trainer).update(_update_inputs(run, gen, iteration), rollout, adv)
 
 
 def _sync(run: _Run) -> None:
