@@ -21,6 +21,7 @@ from cosmos_robot_trainers.rl.advantage import dpo_pairs, episode_layout, group_
 from cosmos_robot_trainers.rl.config import AlgoConfig
 from cosmos_robot_trainers.rl.learner import build_optimizer, update_policy_gradient
 from cosmos_robot_trainers.rl.rollout import TRAIN_SEED_BASE, RolloutWorker
+from tests.trainers._rollouts import episode_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 CKPT = ROOT / "checkpoints" / "flow_tabletop"
@@ -198,12 +199,7 @@ def _rollout(
         bootstrap=torch.tensor(boot),
         episode=torch.tensor(ep),
         step=torch.tensor(st),
-        ep_task=["reach"] * n,
-        ep_group=torch.tensor(groups),
-        ep_success=torch.tensor(success),
-        ep_return=torch.tensor(success),
-        ep_length=torch.ones(n, dtype=torch.long),
-        ep_failed=torch.zeros(n, dtype=torch.bool),
+        **episode_fields(success, groups, [1] * n),
     )
 
 

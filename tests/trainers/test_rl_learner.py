@@ -19,6 +19,7 @@ from cosmos_robot_trainers.launch import load_train_recipe
 from cosmos_robot_trainers.rl import RLConfig, Rollout
 from cosmos_robot_trainers.rl.advantage import Advantages
 from cosmos_robot_trainers.rl.config import SUITE_LOGPROB_DIMS
+from cosmos_robot_trainers.rl.inputs import UpdateInputs
 from cosmos_robot_trainers.rl.learner import (
     build_optimizer,
     episode_split_minibatches,
@@ -34,6 +35,7 @@ from cosmos_robot_trainers.rl.regression import (
     update_dpo,
     update_nft,
 )
+from tests.trainers._rollouts import episode_fields
 
 H, D = 6, 7  # chunk rows and action dims of the stub
 
@@ -78,7 +80,7 @@ def rollout(lengths: list[int], groups: list[int], success: list[float], seed: i
     ep = [e for e, n in enumerate(lengths) for _ in range(n)]
     st = [k for n in lengths for k in range(n)]
     state = torch.tensor([[float(groups[e]) if k == 0 else 10.0 * e + k, 1.0] for e, k in zip(ep, st)])
-    m, n = len(ep), len(lengths)
+    m = len(ep)
     return Rollout(
         inputs={"state": state},
         chain=torch.randn((m, 3, H, D), generator=gen),
@@ -91,12 +93,7 @@ def rollout(lengths: list[int], groups: list[int], success: list[float], seed: i
         bootstrap=torch.zeros(m),
         episode=torch.tensor(ep),
         step=torch.tensor(st),
-        ep_task=["reach"] * n,
-        ep_group=torch.tensor(groups),
-        ep_success=torch.tensor(success),
-        ep_return=torch.tensor(success),
-        ep_length=torch.tensor(lengths),
-        ep_failed=torch.zeros(n, dtype=torch.bool),
+        **episode_fields(success, groups, lengths),
     )
 
 
@@ -241,7 +238,8 @@ def test_dpo_update_trains_only_the_executed_slice_and_reports_health(pairing: s
     r = rollout([3, 2, 2, 2], [0, 0, 1, 1], [1.0, 0.0, 1.0, 0.0])
     pairs = torch.tensor([[0, 1], [2, 3]])
     gen = torch.Generator().manual_seed(0)
-    health = dpo_health(model, ref, r, pairs, cfg, gen)  # type: ignore[arg-type]
+    inputs = UpdateInputs(model, None, cfg, gen, 0, "flow_sde", 1, 0.5, ref_model=ref)  # type: ignore[arg-type]
+    health = dpo_health(inputs, r, pairs)
     assert -1.0 <= health["grad_cosine_split_half"] <= 1.0 and model.w.grad is None
     before = model.w.detach().clone()
     stats = update_dpo(model, ref, build_optimizer(model, cfg), r, pairs, cfg, gen)  # type: ignore[arg-type]

@@ -17,31 +17,14 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.policies.flow.sampling import SampleMode
 from cosmos_robot_trainers.rl.advantage import Advantages, dpo_pairs, group_advantages, nft_advantages, ppo_advantages
 from cosmos_robot_trainers.rl.config import ALGORITHMS, AlgoConfig, RLConfig
+from cosmos_robot_trainers.rl.inputs import UpdateInputs
 from cosmos_robot_trainers.rl.learner import policy_gradient_health, update_policy_gradient
-from cosmos_robot_trainers.rl.policies import RLModel
 from cosmos_robot_trainers.rl.regression import dpo_health, nft_health, update_dpo, update_nft
 from cosmos_robot_trainers.rl.rollout import Rollout
 
 __all__ = ["METHODS", "OnlineMethod", "UpdateInputs", "get_method"]
-
-
-@dataclass
-class UpdateInputs:
-    """What an update phase may use beyond the rollout and its advantages."""
-
-    model: RLModel
-    optimizer: torch.optim.Optimizer
-    config: RLConfig
-    generator: torch.Generator
-    iteration: int
-    sample_mode: SampleMode
-    k_steps: int  # denoising steps of the rollout sampler
-    noise_level: float
-    ref_model: RLModel | None = None
-    old_model: RLModel | None = None
 
 
 Stats = dict[str, float]
@@ -70,6 +53,11 @@ def _with_stats(fn: Callable[[Rollout, AlgoConfig], Advantages]) -> Callable[...
     return advantage
 
 
+def _sampler(inp: UpdateInputs) -> dict[str, Any]:
+    """How the stored log-probs were sampled, which the learner must recompute them with."""
+    return {"sample_mode": inp.sample_mode, "noise_level": inp.noise_level}
+
+
 def _policy_gradient(*, critic: bool) -> Callable[[UpdateInputs, Rollout, Advantages], Stats]:
     def update(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
         algo = inp.config.algo
@@ -80,37 +68,23 @@ def _policy_gradient(*, critic: bool) -> Callable[[UpdateInputs, Rollout, Advant
             adv,
             inp.config,
             inp.generator,
-            sample_mode=inp.sample_mode,
             num_flow_steps=inp.k_steps,
-            noise_level=inp.noise_level,
             train_policy=not (critic and inp.iteration < algo.critic_warmup_iters),
             sequence_ratio=not critic and algo.policy_loss == "gspo",
             ref_model=inp.ref_model,
+            **_sampler(inp),
         )
 
     return update
 
 
 def _policy_gradient_health(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
-    return policy_gradient_health(
-        inp.model,
-        rollout,
-        adv,
-        inp.config,
-        inp.generator,
-        sample_mode=inp.sample_mode,
-        noise_level=inp.noise_level,
-    )
+    return policy_gradient_health(inp.model, rollout, adv, inp.config, inp.generator, **_sampler(inp))
 
 
 def _nft_health(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
     assert inp.old_model is not None
     return nft_health(inp.model, inp.old_model, rollout, adv, inp.config, inp.generator)
-
-
-def _dpo_health(inp: UpdateInputs, rollout: Rollout, pairs: torch.Tensor) -> Stats:
-    assert inp.ref_model is not None
-    return dpo_health(inp.model, inp.ref_model, rollout, pairs, inp.config, inp.generator)
 
 
 def _dpo_pairs(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -> tuple[torch.Tensor, Stats]:
@@ -134,7 +108,7 @@ METHODS: dict[str, OnlineMethod] = {
         OnlineMethod("joint_ppo", _with_stats(ppo_advantages), _policy_gradient(critic=True), _policy_gradient_health),
         OnlineMethod("grpo", _with_stats(group_advantages), _policy_gradient(critic=False), _policy_gradient_health),
         OnlineMethod("nft", _with_stats(nft_advantages), _update_nft, _nft_health, old_model=True),
-        OnlineMethod("dpo", _dpo_pairs, _update_dpo, _dpo_health, reference=lambda config: True),
+        OnlineMethod("dpo", _dpo_pairs, _update_dpo, dpo_health, reference=lambda config: True),
     )
 }
 assert set(METHODS) == set(ALGORITHMS), "rl/config.py's ALGORITHMS and rl/methods.py's METHODS disagree"

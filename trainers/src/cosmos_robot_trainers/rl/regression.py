@@ -27,6 +27,7 @@ from cosmos_robot.policies.flow.sampling import executed_mask
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.rl.advantage import Advantages
 from cosmos_robot_trainers.rl.config import RLConfig
+from cosmos_robot_trainers.rl.inputs import UpdateInputs
 from cosmos_robot_trainers.rl.learner import (
     Means,
     episode_split_minibatches,
@@ -288,16 +289,11 @@ def update_dpo(
     return means.result()
 
 
-def dpo_health(
-    model: RLModel,
-    ref_model: RLModel,
-    rollout: Rollout,
-    pairs: torch.Tensor,
-    config: RLConfig,
-    generator: torch.Generator,
-) -> dict[str, float]:
+def dpo_health(inp: UpdateInputs, rollout: Rollout, pairs: torch.Tensor) -> dict[str, float]:
     """Split-half gradient cosine of the DPO loss: the groups (so the episodes) cut into two random
     halves, a minibatch of each half's pairs."""
+    model, ref_model, config, generator = inp.model, inp.ref_model, inp.config, inp.generator
+    assert ref_model is not None
     group_of = rollout.ep_group[pairs[:, 0]] if len(pairs) else torch.zeros(0, dtype=torch.long)
     groups = torch.unique(group_of)
     if len(groups) < 2:

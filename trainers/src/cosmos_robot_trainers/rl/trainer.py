@@ -26,7 +26,7 @@ import copy
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -387,18 +387,10 @@ def _advantage(config: RLConfig, rollout: Rollout, gen: torch.Generator) -> tupl
 
 
 def _update_inputs(run: _Run, gen: torch.Generator, iteration: int) -> UpdateInputs:
-    return UpdateInputs(
-        model=run.model,
-        optimizer=run.optimizer,
-        config=run.config,
-        generator=gen,
-        iteration=iteration,
-        sample_mode=run.sample_mode,
-        k_steps=run.k_steps,
-        noise_level=run.noise_level,
-        ref_model=run.ref_model,
-        old_model=run.old_model,
-    )
+    """The run's models, optimizer and sampler settings (same field names), plus this iteration's generator."""
+    own = ("generator", "iteration")
+    shared = {f.name: getattr(run, f.name) for f in fields(UpdateInputs) if f.name not in own and hasattr(run, f.name)}
+    return UpdateInputs(**shared, generator=gen, iteration=iteration)
 
 
 def _health(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iteration: int) -> dict[str, float]:
