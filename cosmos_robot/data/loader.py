@@ -179,13 +179,16 @@ def load_demonstrations(
     chunk_size: int,
     image_size: int,
     cameras: Sequence[str] = CAMERAS,
+    state_keys: Sequence[str] = ("state",),
     max_episodes: int | None = None,
     decode_workers: int = 2,
     allow_incomplete: bool = False,
 ) -> DemoData:
     """Load the LeRobot dataset at ``root`` into a :class:`DemoData`.
 
-    ``cameras``: env camera names (``"image"``, ``"wrist_image"``) in the order the policy stacks them.
+    ``cameras``: env camera names (``"image"``, ``"wrist_image"``) in the order the policy stacks them;
+    empty for a camera-free policy (no video is decoded).
+    ``state_keys``: observation vectors (``"state"``, ``"object_state"``) concatenated, in order, into ``state``.
     ``max_episodes``: only the first that many episodes (LeRobot's ``episodes=`` filter).
     ``allow_incomplete``: load an interrupted recording as it is instead of refusing it.
     Raises ``FileNotFoundError`` for a folder that is not a LeRobot dataset,
@@ -203,10 +206,9 @@ def load_demonstrations(
         raise ValueError(f"image_size: expected >= 1, got {image_size}")
     if max_episodes is not None and max_episodes < 1:
         raise ValueError(f"max_episodes: expected >= 1 or None, got {max_episodes}")
-    if not cameras:
-        raise ValueError("cameras: need at least one camera")
     features = info.get("features", {})
-    wanted = [STATE, ACTION, *(camera_key(c) for c in cameras)]
+    state_features = [f"observation.{key}" for key in state_keys]
+    wanted = [*state_features, ACTION, *(camera_key(c) for c in cameras)]
     missing = [k for k in wanted if k not in features]
     if missing:
         raise KeyError(f"{root}: the dataset has no feature(s) {missing}; it has {sorted(features)}")
@@ -235,7 +237,7 @@ def load_demonstrations(
             _decode_images(table, key, image_size, images[:, c], decode_workers)
     return DemoData(
         images=torch.from_numpy(images),
-        state=torch.from_numpy(_column(table, STATE).astype(np.float32)),
+        state=torch.from_numpy(np.concatenate([_column(table, k).astype(np.float32) for k in state_features], axis=1)),
         actions=torch.from_numpy(np.ascontiguousarray(chunks)),
         action_is_pad=torch.from_numpy(pad),
         episode_index=torch.from_numpy(episode_index),

@@ -333,7 +333,7 @@ def _roll_out(config: RecordConfig, suite: Any, todo: Sequence[EpisodeSpec], sin
     from cosmos_robot_envs.vector import make_vector_env
 
     venv = make_vector_env(
-        suite.make_env(config.tasks, config.image_size, config.max_steps),
+        suite.make_env(config.tasks, config.image_size, config.max_steps, True),
         num_envs=min(config.num_envs, len(todo)),
         mode=config.vector_mode,  # type: ignore[arg-type]
     )

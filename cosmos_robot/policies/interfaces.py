@@ -96,6 +96,8 @@ class RLAdapter(abc.ABC):
 
     model: RLModel
     action_dims: int  # executed action dims (log-probs cover these, never padding)
+    reads_images: bool = True  # the policy reads camera images (False: a camera-free policy; envs skip rendering)
+    reads_object_state: bool = False  # the policy reads the simulator's object_state vector
 
     @abc.abstractmethod
     def __init__(self, policy: BatchPolicy, *, noise_level: float | None = None, freeze_vlm: bool = False) -> None:
@@ -140,6 +142,11 @@ class RLAdapter(abc.ABC):
     @abc.abstractmethod
     def servable(self, model: RLModel) -> BatchPolicy:
         """A serving policy that owns ``model`` (a copy the caller made)."""
+
+    def serving_noise(self, batch: int) -> torch.Tensor | None:
+        """The denoising start x_1 ``(batch, chunk_size, action_dim)`` serving uses, when serving fixes it
+        (None: serving draws fresh noise per call, and so do rollouts that follow serving)."""
+        return None
 
     def set_num_flow_steps(self, steps: int) -> None:
         """Serve and sample with ``steps`` denoising steps (families also update their serving policy)."""

@@ -14,6 +14,7 @@ from cosmos_robot.transforms.base import (
     transforms_to_config,
 )
 from cosmos_robot.transforms.common import (
+    ConcatKeys,
     NormalizeKeys,
     PadOrSliceActions,
     RenameKeys,
@@ -23,6 +24,7 @@ from cosmos_robot.transforms.common import (
 )
 
 __all__ = [
+    "ConcatKeys",
     "NormalizeKeys",
     "PadOrSliceActions",
     "RenameKeys",

@@ -151,7 +151,7 @@ class _HangOnceInReset(gym.Wrapper[Any, Any, Any, Any]):
 
 
 def _hang_suite(marker: Path, hang_seed: int) -> Suite:
-    def make_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None) -> Any:
+    def make_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None, cameras: bool = True) -> Any:
         kwargs = {"tasks": list(tasks), "obs_mode": "all", "image_size": image_size, "max_steps": max_steps}
         return functools.partial(_HangOnceInReset, str(marker), hang_seed, **kwargs)
 

@@ -26,6 +26,7 @@ from cosmos_robot_envs.tabletop import (
     resolve_tasks,
     task_from_prompt,
 )
+from cosmos_robot_envs.tabletop.sim import Layout
 from tests.helpers import run_python
 
 ENV_IDS = [spec.env_id for spec in TASKS.values()] + [MULTITASK_ENV_ID]
@@ -41,7 +42,7 @@ def _episode_states(env: TabletopEnv, seed: int, actions: np.ndarray) -> list[np
     return states
 
 
-@pytest.mark.parametrize("obs_mode", ["rgb", "state"])
+@pytest.mark.parametrize("obs_mode", ["rgb", "state", "all"])
 @pytest.mark.parametrize("env_id", ENV_IDS)
 def test_every_registered_env_passes_gymnasium_check_env(env_id: str, obs_mode: str) -> None:
     env = gym.make(env_id, obs_mode=obs_mode, image_size=64, render_mode="rgb_array")
@@ -89,7 +90,7 @@ def test_state_mode_renders_nothing_and_rgb_mode_does_not_change_physics() -> No
     actions = np.random.default_rng(3).uniform(-1, 1, (15, 7)).astype(np.float32)
     fast, pixels = make_env("push", obs_mode="state"), make_env("push", image_size=32)
     try:
-        assert set(fast.reset(seed=5)[0]) == {"state", "object_state"}
+        assert set(fast.reset(seed=5)[0]) == {"state", "object_state", "prompt"}
         a, b = _episode_states(fast, 5, actions), _episode_states(pixels, 5, actions)
         assert fast._renderer is None and pixels._renderer is not None
         for x, y in zip(a, b, strict=True):
@@ -97,6 +98,40 @@ def test_state_mode_renders_nothing_and_rgb_mode_does_not_change_physics() -> No
     finally:
         fast.close()
         pixels.close()
+
+
+def test_reach_target_height_cue_separates_targets_on_one_camera_ray() -> None:
+    """Two targets 17.8 cm apart on one agent-camera ray: without the cue (its geoms at alpha 0) they
+    differ in a few pixels at 64 px; the shadow square and stem separate them (measured 12 -> 40 here,
+    see benchmarks/reach_observability.py). Other tasks park the cue with the target."""
+    env = make_env("reach", image_size=64)
+    try:
+        env.reset(seed=0)
+        sim = env.sim
+        np.testing.assert_allclose(sim.mocap_pos("target_shadow"), [*sim.mocap_pos("target")[:2], 0.0])
+        cam = sim.model.camera("agentview").id
+        cam_pos = sim.data.cam_xpos[cam].copy()
+        low = np.array([-0.1, 0.05, 0.05])
+        high = low + 0.178 * (cam_pos - low) / np.linalg.norm(cam_pos - low)
+        diffs = {}
+        for visible in (False, True):
+            for name in ("target_stem", "target_shadow"):
+                sim.model.geom_rgba[sim.model.geom(name).id, 3] = float(visible)
+            images = []
+            for target in (low, high):
+                sim.reset(Layout(eef_pos=np.array([0.12, -0.08, 0.25]), target=target))
+                images.append(env.render_camera("agentview"))
+            diffs[visible] = int(np.any(images[0] != images[1], axis=-1).sum())
+        assert diffs[False] < 20 and diffs[True] >= 30 and diffs[True] >= 2.5 * diffs[False], diffs
+    finally:
+        env.close()
+    pusher = make_env("push", obs_mode="state")
+    try:
+        pusher.reset(seed=0)
+        for name in ("target", "target_shadow"):
+            assert pusher.sim.mocap_pos(name)[0] >= 2.0  # parked behind the agent camera
+    finally:
+        pusher.close()
 
 
 def test_reset_is_deterministic_per_seed_and_seeds_differ() -> None:

@@ -60,7 +60,11 @@ def make_obs(config: FlowConfig, seed: int = 0, prompt: str = PROMPTS[0], size: 
     obs: dict[str, Any] = {
         f"observation/{cam}": rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for cam in config.cameras
     }
-    obs["observation/state"] = rng.normal(size=config.state_dim).astype(np.float64)
+    if config.state_keys == ("state",):
+        obs["observation/state"] = rng.normal(size=config.state_dim).astype(np.float64)
+    else:  # the tabletop camera-free layout: the 8-D robot state, then object_state
+        obs["observation/state"] = rng.normal(size=8).astype(np.float64)
+        obs["observation/object_state"] = rng.normal(size=config.state_dim - 8).astype(np.float32)
     obs["prompt"] = prompt
     return obs
 

@@ -38,8 +38,9 @@ def test_config_is_deterministic_and_seeded() -> None:
     [
         ({"image_size": 30, "encoder_patch": 4}, "encoder_patch"),
         ({"noise_std_min": 0.2, "noise_std_max": 0.1}, "noise_std_min"),
-        ({"cameras": ()}, "cameras"),
         ({"cameras": ("image", "image")}, "cameras"),
+        ({"state_keys": ("object_state",)}, "state_keys"),
+        ({"state_keys": ("state", "image")}, "state_keys"),
         ({"time_embed_dim": 7}, "time_embed_dim"),
         ({"chunk_sise": 3}, "chunk_sise"),
     ],
@@ -51,6 +52,8 @@ def test_config_errors_name_the_field(overrides: dict[str, object], field: str) 
 
 def test_wire_keys_follow_cameras() -> None:
     assert tiny_config(cameras=("image",)).wire_keys == {"observation/image": "image", "observation/state": "state"}
+    state_only = tiny_config(cameras=(), state_keys=("state", "object_state"), state_dim=23)
+    assert state_only.wire_keys == {"observation/state": "state", "observation/object_state": "object_state"}
 
 
 def test_prompt_hashing_is_stable_and_offline() -> None:

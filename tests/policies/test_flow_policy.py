@@ -84,6 +84,7 @@ def test_metadata_and_input_spec() -> None:
         "state_dim": 8,
         "image_size": 16,
         "cameras": ["image", "wrist_image"],
+        "state_keys": ["state"],
         "num_flow_steps": 4,
     }
     assert policy.cheap_inference is False
@@ -101,6 +102,26 @@ def test_metadata_and_input_spec() -> None:
     one_cam = _policy(cameras=("image",))
     assert "observation/wrist_image" not in one_cam.input_spec.fields
     one_cam.infer(make_obs(one_cam.config))
+
+
+def test_camera_free_policy_reads_state_and_object_state(tmp_path: Path) -> None:
+    policy = _policy(cameras=(), state_keys=("state", "object_state"), state_dim=23)
+    assert policy.model.image_encoder is None  # no parameters that never see a gradient
+    assert sorted(policy.input_spec.fields) == ["observation/object_state", "observation/state", "prompt"]
+    obs = make_obs(policy.config)
+    out = policy.infer(obs)["actions"]
+    assert out.shape == (4, 7)
+    with pytest.raises(KeyError, match="observation/object_state"):
+        policy.infer({k: v for k, v in obs.items() if k != "observation/object_state"})
+    with pytest.raises(ValueError, match=r"state: expected last dimension 23, got shape \(22,\)"):
+        policy.infer(dict(obs, **{"observation/object_state": np.zeros(14, np.float32)}))
+    with pytest.raises(ObservationError, match="observation/image: unknown key"):
+        policy.infer(dict(obs, **{"observation/image": np.zeros((8, 8, 3), np.uint8)}))
+    loaded = FlowPolicy.from_pretrained(policy.save_pretrained(tmp_path / "state"))
+    assert np.array_equal(loaded.infer(obs)["actions"], out)
+    # the object state moves the actions (the concatenation reaches the model)
+    moved = dict(obs, **{"observation/object_state": obs["observation/object_state"] + 1.0})
+    assert not np.allclose(policy.infer(moved)["actions"], out)
 
 
 def test_wrong_observation_key_is_named() -> None:

@@ -25,10 +25,14 @@ class FlowConfig(StrictModel):
 
     # --- observation / action layout -------------------------------------------------------------
     image_size: int = Field(default=64, ge=16, le=512)  # model input side in pixels; the policy resizes incoming images
-    cameras: tuple[str, ...] = ("image", "wrist_image")  # camera names; wire key is "observation/<name>"
+    # camera names, wire key "observation/<name>"; empty: a camera-free (state) policy
+    cameras: tuple[str, ...] = ("image", "wrist_image")
+    # observation vectors concatenated, in order, into the model's state (wire key "observation/<name>");
+    # a camera-free tabletop policy reads ("state", "object_state")
+    state_keys: tuple[str, ...] = ("state",)
     state_dim: int = Field(
         default=8, ge=1
-    )  # proprioceptive state length (tabletop: eef pos 3, axis-angle 3, fingers 2)
+    )  # length of the concatenated state (tabletop: eef pos 3, axis-angle 3, fingers 2; + object_state 15)
     action_dim: int = Field(default=7, ge=1)  # action length per step (tabletop: dpos 3, drot 3, gripper 1)
     chunk_size: int = Field(default=10, ge=1)  # H: action rows the model predicts per call (steps; was `horizon`)
     num_flow_steps: int = Field(default=10, ge=1)  # K: Euler steps of the denoising ODE (serving) and of SDE rollouts
@@ -84,16 +88,21 @@ class FlowConfig(StrictModel):
         data["chunk_size"] = data.pop("horizon")
         return data
 
-    @field_validator("cameras")
+    @field_validator("cameras", "state_keys")
     @classmethod
-    def _cameras_ok(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value:
-            raise ValueError("needs at least one camera name, e.g. ['image']")
+    def _names_ok(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if len(set(value)) != len(value):
-            raise ValueError(f"camera names repeat: {list(value)}")
+            raise ValueError(f"names repeat: {list(value)}")
         for name in value:
             if not name.isidentifier():
-                raise ValueError(f"camera name {name!r} must be an identifier (it becomes 'observation/{name}')")
+                raise ValueError(f"name {name!r} must be an identifier (it becomes 'observation/{name}')")
+        return value
+
+    @field_validator("state_keys")
+    @classmethod
+    def _state_first(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value or value[0] != "state":
+            raise ValueError(f"must start with 'state' (the robot state every client sends), got {list(value)}")
         return value
 
     @field_validator("time_embed_dim")
@@ -109,6 +118,9 @@ class FlowConfig(StrictModel):
             raise ValueError(
                 f"image_size ({self.image_size}) must be a multiple of encoder_patch ({self.encoder_patch})"
             )
+        shared = sorted(set(self.cameras) & set(self.state_keys))
+        if shared:
+            raise ValueError(f"cameras and state_keys share {shared}: a wire key is either an image or a vector")
         if not self.noise_std_min < self.noise_std_max:
             raise ValueError(f"noise_std_min ({self.noise_std_min}) must be below noise_std_max ({self.noise_std_max})")
         return self
@@ -116,6 +128,4 @@ class FlowConfig(StrictModel):
     @property
     def wire_keys(self) -> dict[str, str]:
         """Wire (openpi) key -> model key: ``observation/image`` -> ``image``, ``observation/state`` -> ``state``."""
-        keys = {f"observation/{cam}": cam for cam in self.cameras}
-        keys["observation/state"] = "state"
-        return keys
+        return {f"observation/{name}": name for name in (*self.cameras, *self.state_keys)}

@@ -132,8 +132,10 @@ class FlowModel(RLModel):
 
     Batches are dicts of tensors:
 
-    - ``images``: ``(B, ncam, 3, S, S)`` uint8 (0..255) or float in [0, 1], cameras in ``config.cameras`` order;
-    - ``state``: ``(B, state_dim)`` float, already normalised with the checkpoint's stats;
+    - ``images``: ``(B, ncam, 3, S, S)`` uint8 (0..255) or float in [0, 1], cameras in ``config.cameras`` order
+      (not read by a camera-free policy, ``config.cameras == ()``);
+    - ``state``: ``(B, state_dim)`` float, already normalised with the checkpoint's stats (the vectors of
+      ``config.state_keys`` concatenated);
     - the instruction as ``text_ids`` + ``text_offsets`` (``text.encode_prompts``) or ``prompt``: list of str;
     - for ``flow_loss`` also ``actions``: ``(B, H, D)`` normalised, and optionally ``action_pad_mask``:
       ``(B, H)`` bool, True where the step is padding past the episode end. Padded steps are left
@@ -150,11 +152,13 @@ class FlowModel(RLModel):
         chunk = cfg.chunk_size * cfg.action_dim
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)  # the same config builds the same initial weights
-            self.image_encoder = ImageEncoder(cfg)
+            # a camera-free (state) policy has no encoder: no parameters that never see a gradient
+            self.image_encoder = ImageEncoder(cfg) if cfg.cameras else None
             self.state_proj = nn.Linear(cfg.state_dim, cfg.state_embed_dim)
             self.text_embed = nn.EmbeddingBag(cfg.text_buckets, cfg.text_dim, mode="mean")
             nn.init.normal_(self.text_embed.weight, std=0.1)
-            trunk_in = len(cfg.cameras) * self.image_encoder.out_dim + cfg.state_embed_dim + cfg.text_dim
+            image_dim = len(cfg.cameras) * self.image_encoder.out_dim if self.image_encoder is not None else 0
+            trunk_in = image_dim + cfg.state_embed_dim + cfg.text_dim
             self.trunk = _mlp([trunk_in] + [cfg.trunk_width] * cfg.trunk_depth)
             self.trunk_norm = nn.LayerNorm(cfg.trunk_width)
             w = cfg.expert_width
@@ -171,10 +175,7 @@ class FlowModel(RLModel):
     def encode(self, batch: Mapping[str, Any]) -> torch.Tensor:
         """The shared context ``(B, trunk_width)`` from images, state and instruction."""
         cfg = self.config
-        images, state = batch["images"], batch["state"]
-        want = (len(cfg.cameras), 3, cfg.image_size, cfg.image_size)
-        if images.ndim != 5 or tuple(images.shape[1:]) != want:
-            raise ValueError(f"images: expected shape (B, {', '.join(map(str, want))}), got {tuple(images.shape)}")
+        state = batch["state"]
         if state.ndim != 2 or state.shape[1] != cfg.state_dim:
             raise ValueError(f"state: expected shape (B, {cfg.state_dim}), got {tuple(state.shape)}")
         if "text_ids" in batch:
@@ -184,15 +185,14 @@ class FlowModel(RLModel):
         else:
             raise KeyError("batch needs the instruction: 'text_ids' + 'text_offsets' or 'prompt' (list of str)")
         device = state.device
-        feats = torch.cat(
-            [
-                self.image_encoder(images.to(device)),
-                F.gelu(self.state_proj(state.float())),
-                self.text_embed(ids.to(device), offsets.to(device)),
-            ],
-            dim=-1,
-        )
-        return self.trunk_norm(F.gelu(self.trunk(feats)))
+        parts = [F.gelu(self.state_proj(state.float())), self.text_embed(ids.to(device), offsets.to(device))]
+        if self.image_encoder is not None:
+            images = batch["images"]
+            want = (len(cfg.cameras), 3, cfg.image_size, cfg.image_size)
+            if images.ndim != 5 or tuple(images.shape[1:]) != want:
+                raise ValueError(f"images: expected shape (B, {', '.join(map(str, want))}), got {tuple(images.shape)}")
+            parts.insert(0, self.image_encoder(images.to(device)))
+        return self.trunk_norm(F.gelu(self.trunk(torch.cat(parts, dim=-1))))
 
     # --- action expert ---------------------------------------------------------------------------
     def expert(

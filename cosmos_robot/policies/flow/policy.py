@@ -35,6 +35,7 @@ from cosmos_robot.policies.flow.sampling import sample_actions
 from cosmos_robot.policies.flow.text import encode_prompts
 from cosmos_robot.policies.registry import CheckpointError, read_json
 from cosmos_robot.transforms import (
+    ConcatKeys,
     NormalizeKeys,
     RenameKeys,
     ResizeImages,
@@ -58,7 +59,8 @@ __all__ = [
 ]
 
 CONFIG_FILE, WEIGHTS_FILE, POLICY_FILE = "config.json", "model.safetensors", "policy.json"
-IGNORED_KEYS = frozenset({"observation/object_state"})  # eval clients may send it; the flow policy never uses it
+# eval clients may send it; a flow policy ignores it unless its config's state_keys name it
+IGNORED_KEYS = frozenset({"observation/object_state"})
 StatsLike = Mapping[str, FeatureStats | Mapping[str, Any]]
 
 
@@ -77,13 +79,15 @@ def _as_stats(stats: StatsLike, config: FlowConfig) -> dict[str, FeatureStats]:
 
 
 def default_input_transforms(config: FlowConfig, stats: StatsLike) -> list[Transform]:
-    """Wire keys -> model keys, resize cameras to ``image_size``, normalise the state."""
+    """Wire keys -> model keys, resize cameras to ``image_size``, concatenate ``state_keys``, normalise."""
     st = _as_stats(stats, config)
-    return [
-        RenameKeys(config.wire_keys),
-        ResizeImages(tuple(config.cameras), config.image_size, config.image_size),
-        NormalizeKeys({"state": st["state"].to_dict()}, config.norm_mode, ("state",)),
-    ]
+    steps: list[Transform] = [RenameKeys(config.wire_keys)]
+    if config.cameras:
+        steps.append(ResizeImages(tuple(config.cameras), config.image_size, config.image_size))
+    if len(config.state_keys) > 1:
+        steps.append(ConcatKeys(tuple(config.state_keys), "state"))
+    steps.append(NormalizeKeys({"state": st["state"].to_dict()}, config.norm_mode, ("state",)))
+    return steps
 
 
 def default_output_transforms(config: FlowConfig, stats: StatsLike) -> list[Transform]:
@@ -105,6 +109,9 @@ def collate_observations(
                 raise ValueError(f"observation {i}: {cam!r} is {img.shape} after transforms, expected ({s}, {s}, 3)")
             images[i, c] = img
     state = np.stack([np.asarray(item["state"], dtype=np.float32) for item in items])
+    if state.shape[1:] != (config.state_dim,):
+        keys = " + ".join(f"observation/{k}" for k in config.state_keys)
+        raise ValueError(f"state: {keys} has {state.shape[1:]} values, the policy expects ({config.state_dim},)")
     ids, offsets = encode_prompts([str(item["prompt"]) for item in items], config.text_buckets)
     return {
         "images": torch.from_numpy(images).permute(0, 1, 4, 2, 3).contiguous().to(device),
@@ -129,7 +136,8 @@ class FlowPolicy(BatchPolicy):
         self.stats = _as_stats(stats, self.config)
         self.input_transforms = list(input_transforms or default_input_transforms(self.config, self.stats))
         self.output_transforms = list(output_transforms or default_output_transforms(self.config, self.stats))
-        self._required = [*(f"observation/{c}" for c in self.config.cameras), "observation/state", "prompt"]
+        self._required = [*self.config.wire_keys, "prompt"]
+        self._ignored = IGNORED_KEYS - set(self._required)
         self._spec = self._build_spec()
 
     @property
@@ -147,6 +155,7 @@ class FlowPolicy(BatchPolicy):
             "state_dim": cfg.state_dim,
             "image_size": cfg.image_size,
             "cameras": list(cfg.cameras),
+            "state_keys": list(cfg.state_keys),
             "num_flow_steps": cfg.num_flow_steps,
         }
 
@@ -159,14 +168,17 @@ class FlowPolicy(BatchPolicy):
             f"observation/{cam}": ArraySpec((None, None, 3), "uint8", description=f"{cam} camera, any size")
             for cam in self.config.cameras
         }
-        fields["observation/state"] = ArraySpec((self.config.state_dim,), "floating", description="robot state")
+        keys = self.config.state_keys
+        for key in keys:  # one vector: its length is state_dim; several: the concatenation's is (collate checks)
+            shape = (self.config.state_dim,) if len(keys) == 1 else (None,)
+            fields[f"observation/{key}"] = ArraySpec(shape, "floating", description=f"{key} vector")
         fields["prompt"] = TextSpec(description="task instruction")
-        return InputSpec(fields, allow_extra=False, ignored_keys=IGNORED_KEYS)
+        return InputSpec(fields, allow_extra=False, ignored_keys=self._ignored)
 
     def _check_keys(self, obs: Mapping[str, Any], index: int) -> None:
         missing = [k for k in self._required if k not in obs]
         if missing:
-            unknown = [k for k in obs if k not in self._required and k not in IGNORED_KEYS]
+            unknown = [k for k in obs if k not in self._required and k not in self._ignored]
             hints = []
             for key in missing:
                 close = difflib.get_close_matches(key, [str(u) for u in unknown], n=1)

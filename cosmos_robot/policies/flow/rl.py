@@ -35,6 +35,8 @@ class FlowRLAdapter(RLAdapter):
         self.policy = self.expect(policy, FlowPolicy)
         self.model = self.policy.model
         self.action_dims = self.policy.config.action_dim
+        self.reads_images = bool(self.policy.config.cameras)
+        self.reads_object_state = "object_state" in self.policy.config.state_keys
 
     @staticmethod
     def load_policy(path: str, device: torch.device | str) -> BatchPolicy:
@@ -54,6 +56,9 @@ class FlowRLAdapter(RLAdapter):
             raise TypeError(f"FlowRLAdapter.servable: expected a FlowModel, got {type(model).__name__}")
         p = self.policy
         return FlowPolicy(model.eval(), p.stats, p.input_transforms, p.output_transforms)
+
+    def serving_noise(self, batch: int) -> torch.Tensor | None:
+        return self.policy.serving_noise(batch)
 
     def set_num_flow_steps(self, steps: int) -> None:
         super().set_num_flow_steps(steps)

@@ -61,7 +61,7 @@ from cosmos_robot_envs.eval.report import REPORT_HTML, RESULTS_JSON, write_repor
 from cosmos_robot_envs.eval.stats import summarize
 from cosmos_robot_envs.eval.suites import Suite, get_suite
 from cosmos_robot_envs.eval.video import write_mp4
-from cosmos_robot_envs.eval.wire import WireMapping, spec_from_metadata
+from cosmos_robot_envs.eval.wire import WireMapping, reads_images, spec_from_metadata
 from cosmos_robot_envs.vector import RESET_FAILURE, BatchedEnv, make_vector_env
 
 __all__ = ["EvalCallbacks", "run_eval"]
@@ -144,7 +144,7 @@ class _EvalHooks(EpisodeHooks[EpisodeSpec]):
         if isinstance(failed, dict):  # the vector layer's retry of this reset worked: report what it cost
             reason = str(failed.get("reason"))
             self._event(ep.spec, "reset", RESET_REASONS.get(reason, reason), str(failed.get("error")), "recovered", 0)
-        if self._may_film(ep.spec):
+        if self.suite.video_key in obs and self._may_film(ep.spec):  # a camera-free run renders nothing to film
             self.frames[ep.position] = [np.array(obs[self.suite.video_key])]
 
     def decide(self, episodes: Sequence[LiveEpisode[EpisodeSpec]], obs: Any) -> list[np.ndarray]:
@@ -247,8 +247,11 @@ def _evaluate(
     """
     t_setup = time.perf_counter()
     policy.reset()
+    input_spec = getattr(policy, "input_spec", None) or spec_from_metadata(metadata)
+    # render only when the policy reads a camera or videos were asked for (camera-free: ~7x faster stepping)
+    cameras = config.video_episodes > 0 or reads_images(input_spec, suite.wire_keys, suite.image_keys)
     venv: BatchedEnv = make_vector_env(
-        suite.make_env(config.tasks, config.image_size, config.max_steps),
+        suite.make_env(config.tasks, config.image_size, config.max_steps, cameras),
         num_envs=min(config.num_envs, len(todo)),
         mode=config.vector_mode,  # type: ignore[arg-type]
         step_timeout=config.step_timeout_s,
@@ -265,7 +268,6 @@ def _evaluate(
             replan_steps=config.replan_steps,
             batch_requests=config.batch_requests,
         )
-        input_spec = getattr(policy, "input_spec", None) or spec_from_metadata(metadata)
         wire = WireMapping(suite.wire_keys, input_spec)
         hooks = _EvalHooks(config, suite, chunks, wire, out, filmed_failures, callbacks)
         scheduler = EpisodeScheduler[EpisodeSpec](

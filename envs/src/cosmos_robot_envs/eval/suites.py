@@ -31,10 +31,13 @@ __all__ = ["SUITE_NAMES", "Suite", "get_suite"]
 class Suite:
     name: str
     task_names: tuple[str, ...]
-    make_env: Callable[[tuple[str, ...], int, int | None], EnvFn]  # (tasks, image_size, max_steps) -> factory
+    # (tasks, image_size, max_steps, cameras) -> factory; cameras=False: the policy reads no image
+    # (a camera-free policy), so a suite that can skip rendering does (tabletop: 7.7x faster stepping)
+    make_env: Callable[[tuple[str, ...], int, int | None, bool], EnvFn]
     wire_keys: dict[str, str]  # env observation key -> openpi wire key
     fps: int  # control rate, for videos
     video_key: str  # env observation key of the agent-view camera
+    image_keys: tuple[str, ...] = ("image", "wrist_image")  # env observation keys of the cameras
     reset_options: Callable[[EpisodeSpec], dict[str, Any]] = field(default=lambda spec: {"task": spec.task})
 
     def resolve_tasks(self, tasks: str | Sequence[str | int] | None) -> tuple[str, ...]:
@@ -76,10 +79,12 @@ class Suite:
         return list(self.task_names[first : last + 1])
 
 
-def _tabletop_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None) -> EnvFn:
-    # obs_mode="all": cameras for learned policies plus object_state for the scripted experts; the
-    # wire mapping drops object_state for policies whose input spec does not declare it.
-    kwargs = {"tasks": list(tasks), "obs_mode": "all", "image_size": image_size, "max_steps": max_steps}
+def _tabletop_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None, cameras: bool = True) -> EnvFn:
+    # obs_mode="all": cameras for learned policies plus object_state for the scripted experts and
+    # camera-free policies; the wire mapping drops object_state for policies whose input spec does
+    # not declare it. A policy that reads no camera gets obs_mode="state": nothing is rendered.
+    obs_mode = "all" if cameras else "state"
+    kwargs = {"tasks": list(tasks), "obs_mode": obs_mode, "image_size": image_size, "max_steps": max_steps}
     return EnvFactory("CosmosRobot/Tabletop-v0", kwargs)
 
 
@@ -105,7 +110,7 @@ def _libero(name: str) -> Suite:
     except LiberoNotFound as exc:
         raise ValueError(f"suite {name!r}: {exc}") from exc
 
-    def make_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None) -> EnvFn:
+    def make_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None, cameras: bool = True) -> EnvFn:
         kwargs = {"suite": name, "tasks": list(tasks), "image_size": image_size, "max_steps": max_steps}
         return EnvFactory(ENV_ID, kwargs, python=python)
 

@@ -12,14 +12,14 @@ breaks a learned policy's request validation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from cosmos_robot_client.spec import InputSpec
 
-__all__ = ["LIBERO_KEYS", "TABLETOP_KEYS", "WireMapping", "batch_row", "spec_from_metadata"]
+__all__ = ["LIBERO_KEYS", "TABLETOP_KEYS", "WireMapping", "batch_row", "reads_images", "spec_from_metadata"]
 
 # env observation key -> wire key (openpi convention)
 TABLETOP_KEYS: dict[str, str] = {
@@ -67,3 +67,11 @@ def spec_from_metadata(metadata: Mapping[str, Any]) -> InputSpec | None:
         return InputSpec.from_dict(raw)
     except ValueError:
         return None
+
+
+def reads_images(spec: InputSpec | None, keys: Mapping[str, str], image_keys: Sequence[str]) -> bool:
+    """Whether a policy with input ``spec`` reads any of the env's cameras ``image_keys`` (env keys,
+    mapped to wire keys by ``keys``). Without a spec, or one that accepts extra keys, assume it does."""
+    if spec is None or spec.allow_extra:
+        return True
+    return any(keys.get(k) in spec.fields for k in image_keys)

@@ -9,8 +9,9 @@ LIBERO's raw renders, images are upright.
 Observation modes (``obs_mode``):
 
 - ``"rgb"`` (default): ``image``, ``wrist_image`` (uint8 HxWx3), ``state`` (float32 (8,)), ``prompt``;
-- ``"state"``: ``state`` and ``object_state`` (float32 (15,), see ``tasks.py``); renders nothing, for
-  fast RL and for the scripted experts;
+- ``"state"``: ``state``, ``object_state`` (float32 (15,), see ``tasks.py``) and ``prompt``; renders
+  nothing, for fast RL and for the scripted experts (a camera-free multi-task policy still needs the
+  instruction, so every mode carries ``prompt``);
 - ``"all"``: both of the above (what an eval needs to serve the experts as a policy).
 
 ``info`` always carries ``task``, ``is_success``, ``dense_reward`` (shaping in [0, 1]) and
@@ -21,7 +22,7 @@ itself rather than through ``TimeLimit`` because the multi-task env's ``max_step
 Vectorising: the project's vector layer (``cosmos_robot_envs.vector``) carries ``prompt`` correctly.
 gymnasium 1.4's own ``AsyncVectorEnv`` with ``shared_memory=True`` does not (it reads Text observations
 from shared memory once, at construction, so every prompt comes back blank); pass
-``vector_kwargs={"shared_memory": False}`` to ``gym.make_vec`` or use ``obs_mode="state"``.
+``vector_kwargs={"shared_memory": False}`` to ``gym.make_vec`` (every obs mode carries ``prompt``).
 
 Rendering targets software GL: no shadows, no reflections, no skybox, an offscreen buffer the size of
 the image, and one ``mujoco.Renderer`` created on first use and shared by both cameras. Call
@@ -120,8 +121,7 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
             obs["object_state"] = spaces.Box(
                 -OBJECT_STATE_HIGH, OBJECT_STATE_HIGH, shape=(OBJECT_STATE_DIM,), dtype=np.float32
             )
-        if obs_mode in ("rgb", "all"):
-            obs["prompt"] = spaces.Text(max_length=128, charset=PROMPT_CHARSET)
+        obs["prompt"] = spaces.Text(max_length=128, charset=PROMPT_CHARSET)
         self.observation_space = spaces.Dict(obs)
 
     # ------------------------------------------------------------------ task facts
@@ -225,8 +225,7 @@ class TabletopEnv(gym.Env[dict[str, Any], np.ndarray]):
         obs["state"] = np.clip(self.sim.state(), -STATE_HIGH, STATE_HIGH)
         if self.obs_mode in ("state", "all"):
             obs["object_state"] = objects.copy()
-        if self.obs_mode in ("rgb", "all"):
-            obs["prompt"] = self.prompt
+        obs["prompt"] = self.prompt
         success = is_success(self._task, self.sim)
         info = {
             "task": self._task,

@@ -86,7 +86,9 @@ class TabletopSim:
         self.model = mujoco.MjModel.from_xml_string(build_scene_xml(height, width))
         self.data = mujoco.MjData(self.model)
         m = self.model
-        self._mocap = {name: int(m.body_mocapid[m.body(name).id]) for name in ("hand_mocap", *_PARK_MOCAP)}
+        self._mocap = {
+            name: int(m.body_mocapid[m.body(name).id]) for name in ("hand_mocap", "target_shadow", *_PARK_MOCAP)
+        }
         self._qadr = {name: int(m.jnt_qposadr[m.joint(name).id]) for name in ("hand_free", "red_cube", "blue_cube")}
         self._drawer_qadr = int(m.jnt_qposadr[m.joint("drawer").id])
         self._finger_qadr = [int(m.jnt_qposadr[m.joint(n).id]) for n in ("finger_left", "finger_right")]
@@ -122,6 +124,8 @@ class TabletopSim:
             pos = getattr(layout, name)
             idx = self._mocap[name]
             d.mocap_pos[idx] = [park[0], park[1], 0.0] if pos is None else pos
+        # the target's drop shadow lies on the table straight below it (its stem moves with the target body)
+        d.mocap_pos[self._mocap["target_shadow"]] = [*d.mocap_pos[self._mocap["target"]][:2], 0.0]
         d.qpos[self._drawer_qadr] = np.clip(layout.drawer_opening, *DRAWER_RANGE)
         mujoco.mj_forward(m, d)
 

@@ -56,7 +56,8 @@ TASKS: dict[str, TaskSpec] = {
             "reach the red target",
             100,
             "CosmosRobot/Reach-v0",
-            "move the gripper (end-effector site) within 3 cm of a red sphere floating above the table",
+            "move the gripper (end-effector site) within 3 cm of a red sphere floating 4-25 cm above the table "
+            "(a stem down to a dark square on the table below it shows its height)",
         ),
         TaskSpec(
             "push",

@@ -25,6 +25,7 @@ from cosmos_robot_trainers.common.output import OutputConfig
 
 __all__ = [
     "ALGORITHMS",
+    "StartNoise",
     "RUNTIME_FIELDS",
     "AlgoConfig",
     "EnvConfig",
@@ -38,6 +39,15 @@ __all__ = [
 ]
 
 
+# Where each chunk's denoising starts (x at t = 1). "serving": the noise serving starts from (the flow
+# family serves from one fixed seeded draw), so exploration comes only from the sampler's stochastic
+# steps and an ODE rollout IS the served policy; "episode": one draw per episode, reused for each of
+# its chunks (episodes differ, chunks stay consistent: what ODE-sampled NFT groups need); "fresh": a
+# new draw per chunk. The diagnosis measured why it matters (strong checkpoint, 25 episodes/task):
+# served ODE 79%, fresh-noise ODE 66%: switching modes from chunk to chunk costs 13 points.
+StartNoise = Literal["serving", "episode", "fresh"]
+
+
 @dataclass(frozen=True)
 class AlgorithmNeeds:
     """What an online algorithm asks of the recipe (checked when the config loads)."""
@@ -45,6 +55,7 @@ class AlgorithmNeeds:
     min_group_size: int  # episodes per initial state it compares
     log_probs: bool  # needs the rollout sampler's log-probs (so not sample_mode "ode")
     sample_mode: SampleMode = "flow_sde"  # the rollout sampler that rollout.sample_mode "auto" picks
+    start_noise: StartNoise = "serving"  # the denoising start that rollout.start_noise "auto" picks
 
 
 # trainer name -> its needs; the update and advantage of each are rl/methods.py's METHODS
@@ -53,7 +64,7 @@ ALGORITHMS: dict[str, AlgorithmNeeds] = {
     "grpo": AlgorithmNeeds(min_group_size=2, log_probs=True),
     # NFT needs no likelihoods and regresses onto the sampled chunks: ODE samples are what serving
     # executes, while the SDE's injected noise would be regressed onto as well
-    "nft": AlgorithmNeeds(min_group_size=1, log_probs=False, sample_mode="ode"),
+    "nft": AlgorithmNeeds(min_group_size=1, log_probs=False, sample_mode="ode", start_noise="episode"),
     "dpo": AlgorithmNeeds(min_group_size=2, log_probs=False),
 }
 TABLETOP_TASKS = ["reach", "push", "pick_place", "open_drawer"]
@@ -99,6 +110,9 @@ class RolloutConfig(StrictModel):
     # action-dim indices the log-probs and NFT / DPO losses cover; "all"; "auto": the suite's
     # (SUITE_LOGPROB_DIMS: tabletop leaves out drx, dry), else all
     logprob_dims: Literal["auto", "all"] | list[int] = "auto"
+    # where each chunk's denoising starts (StartNoise above): serving / episode / fresh; "auto": the
+    # trainer's (ALGORITHMS: episode for nft, whose ODE rollouts explore only through it; else serving)
+    start_noise: Literal["auto", "serving", "episode", "fresh"] = "auto"
     num_flow_steps: int | None = Field(default=None, ge=1)  # denoising steps K (None: the checkpoint's)
     noise_level: float | None = Field(default=None, gt=0)  # Flow-SDE a in sigma_t = a sqrt(t/(1-t)) (None: ckpt)
     num_workers: int = Field(default=1, ge=1)  # rollout workers; > 1 runs them as Ray actors (pip install ray)
@@ -227,6 +241,11 @@ class RLConfig(StrictModel):
                 f"algo.group_size must be >= {needs.min_group_size} for {self.trainer} "
                 "(episodes compared per initial state)"
             )
+        if self.sample_mode == "ode" and self.start_noise == "serving" and g > 1:
+            raise ValueError(
+                f"rollout.sample_mode 'ode' from rollout.start_noise 'serving' is deterministic: the "
+                f"{g} episodes of a group would be identical; use start_noise 'episode' or 'fresh'"
+            )
         if needs.log_probs and self.sample_mode == "ode":
             raise ValueError(
                 f"rollout.sample_mode 'ode' has no log-probs; {self.trainer} needs 'flow_sde' or 'flow_noise'"
@@ -247,6 +266,12 @@ class RLConfig(StrictModel):
         """The rollout sampler: ``rollout.sample_mode``, or the trainer's (``ALGORITHMS``) for "auto"."""
         mode = self.rollout.sample_mode
         return ALGORITHMS[self.trainer].sample_mode if mode == "auto" else mode
+
+    @property
+    def start_noise(self) -> StartNoise:
+        """Where rollout chunks start denoising: ``rollout.start_noise``, or the trainer's for "auto"."""
+        mode = self.rollout.start_noise
+        return ALGORITHMS[self.trainer].start_noise if mode == "auto" else mode
 
     def logprob_dims(self, action_dims: int) -> tuple[int, ...]:
         """The action-dim indices the log-probs and losses cover (``rollout.logprob_dims``), checked

@@ -162,22 +162,33 @@ def index_inputs(inputs: dict[str, Any], idx: torch.Tensor, device: torch.device
     return {k: v[idx].to(device) if isinstance(v, torch.Tensor) else [v[i] for i in rows] for k, v in inputs.items()}
 
 
-def make_envs(config: RLConfig, num_envs: int | None = None) -> BatchedEnv:
-    """The suite's multi-task env, ``num_envs`` copies behind the project's vector layer.
+def tabletop_obs_mode(images: bool, object_state: bool) -> str:
+    """The tabletop env's ``obs_mode`` for a policy that reads cameras and/or ``object_state``:
+    a camera-free policy gets ``"state"`` (nothing rendered: 7.7x faster stepping)."""
+    if not images:
+        return "state"
+    return "all" if object_state else "rgb"
+
+
+def make_envs(
+    config: RLConfig, num_envs: int | None = None, *, images: bool = True, object_state: bool = False
+) -> BatchedEnv:
+    """The suite's multi-task env, ``num_envs`` copies behind the project's vector layer; ``images`` /
+    ``object_state``: what the policy reads (``RLAdapter.reads_images`` / ``reads_object_state``).
 
     Other suites come from the evaluator's registry (LIBERO's envs run under its own interpreter,
     in ``async`` mode)."""
     if config.env.suite != "tabletop":
         suite = get_suite(config.env.suite)
         return make_vector_env(
-            suite.make_env(tuple(train_tasks(config)), config.env.image_size, config.env.max_steps),
+            suite.make_env(tuple(train_tasks(config)), config.env.image_size, config.env.max_steps, images),
             num_envs=num_envs or config.env.num_envs,
             mode=config.env.vector_mode,
             step_timeout=config.env.step_timeout,
         )
     kwargs = {
         "tasks": list(config.env.tasks),
-        "obs_mode": "rgb",
+        "obs_mode": tabletop_obs_mode(images, object_state),
         "image_size": config.env.image_size,
         "max_steps": config.env.max_steps,
     }
@@ -244,7 +255,7 @@ class RolloutWorker:
     def __init__(self, config: RLConfig, policy: RLPolicy, num_envs: int | None = None) -> None:
         self.config = config
         self.policy = policy
-        self.venv = make_envs(config, num_envs)
+        self.venv = make_envs(config, num_envs, images=policy.reads_images, object_state=policy.reads_object_state)
         cfg = policy.model.config
         self.replan_steps = config.rollout.replan_steps
         if self.replan_steps > cfg.chunk_size:
@@ -254,6 +265,7 @@ class RolloutWorker:
         self.num_flow_steps = config.rollout.num_flow_steps or cfg.num_flow_steps
         self.noise_level = config.rollout.noise_level or cfg.noise_level
         self.logprob_dims = config.logprob_dims(policy.action_dims)  # the learner recomputes the same slice
+        self.start_noise = config.start_noise
 
     def set_weights(self, state: dict[str, Any]) -> None:
         """Load weights sent by the learner (tensors or numpy arrays by parameter name)."""
@@ -265,21 +277,19 @@ class RolloutWorker:
 
     # --- model side --------------------------------------------------------------------------------
     def _model_batch(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """Model inputs of env observation rows (every uint8 image key is a camera)."""
+        """Model inputs of env observation rows (every array, camera or vector, as ``observation/<key>``)."""
         wire = []
         for row in rows:
-            w: dict[str, Any] = {
-                f"observation/{k}": v
-                for k, v in row.items()
-                if isinstance(v, np.ndarray) and v.ndim == 3 and v.dtype == np.uint8
-            }
-            w["observation/state"] = row["state"]
+            w: dict[str, Any] = {f"observation/{k}": v for k, v in row.items() if isinstance(v, np.ndarray)}
             w["prompt"] = str(row["prompt"])
             wire.append(w)
         return self.policy.model_inputs(wire)
 
     @torch.no_grad()
-    def _decide(self, batch: dict[str, Any], generator: torch.Generator) -> tuple[Any, torch.Tensor, np.ndarray]:
+    def _decide(
+        self, batch: dict[str, Any], generator: torch.Generator, noise: torch.Tensor | None
+    ) -> tuple[Any, torch.Tensor, np.ndarray]:
+        """Sample the chunks of one batched decision from start ``noise`` (None: fresh draws)."""
         model = self.policy.model
         context = model.encode(batch)
         value = model.value(context)
@@ -291,6 +301,7 @@ class RolloutWorker:
             num_steps=self.num_flow_steps,
             generator=generator,
             noise_level=self.noise_level,
+            noise=noise,
             replan_steps=self.replan_steps,
             dims=self.logprob_dims,
         )
@@ -347,13 +358,26 @@ class _RolloutHooks(EpisodeHooks[EpisodeSpec]):
         self.reward_cfg = worker.config.reward
         self.current: dict[int, tuple[_Decision, int]] = {}  # episode position -> (decision, row in it)
         self.potential: dict[int, float] = {}  # episode position -> info["dense_reward"] of its latest obs
+        self.episode_noise: dict[int, torch.Tensor] = {}  # episode position -> its start noise ("episode")
 
     def started(self, ep: LiveEpisode[EpisodeSpec], obs: dict[str, Any], info: dict[str, Any]) -> None:
         self.potential[ep.position] = float(info.get("dense_reward", 0.0))
+        if self.worker.start_noise == "episode":
+            cfg = self.worker.policy.model.config
+            self.episode_noise[ep.position] = torch.randn((cfg.chunk_size, cfg.action_dim), generator=self.generator)
+
+    def start_noise(self, episodes: Sequence[LiveEpisode[EpisodeSpec]]) -> torch.Tensor | None:
+        """Each row's denoising start under ``rollout.start_noise`` (config.StartNoise)."""
+        mode = self.worker.start_noise
+        if mode == "serving":
+            return self.worker.policy.serving_noise(len(episodes))
+        if mode == "episode":
+            return torch.stack([self.episode_noise[ep.position] for ep in episodes])
+        return None
 
     def decide(self, episodes: Sequence[LiveEpisode[EpisodeSpec]], obs: Any) -> np.ndarray:
         batch = self.worker._model_batch([obs_row(obs, ep.row) for ep in episodes])
-        sample, values, chunk = self.worker._decide(batch, self.generator)
+        sample, values, chunk = self.worker._decide(batch, self.generator, self.start_noise(episodes))
         n = len(episodes)
         flags = np.zeros(n, dtype=bool)
         step = np.array([ep.decisions for ep in episodes], dtype=np.int64)
@@ -384,6 +408,7 @@ class _RolloutHooks(EpisodeHooks[EpisodeSpec]):
     def ended(self, outcomes: Sequence[EpisodeOutcome[EpisodeSpec]], obs: Any) -> None:
         for o in outcomes:
             self.potential.pop(o.position, None)
+            self.episode_noise.pop(o.position, None)
             self.rec.episodes[o.spec.index] = (float(o.success), o.episode_return, o.steps, o.infra_failure)
 
     def _record(self, d: _Decision) -> None:

@@ -92,7 +92,7 @@ class TrainData(FrameSet):
     """Normalised, in-memory training samples and the stats the exported policy carries."""
 
     images: torch.Tensor  # (N, ncam, 3, S, S) uint8
-    state: torch.Tensor  # (N, state_dim) float32, normalised
+    state: torch.Tensor  # (N, state_dim) float32, normalised (the model's state_keys concatenated)
     actions: torch.Tensor  # (N, chunk_size, action_dim) float32, normalised
     pad_mask: torch.Tensor  # (N, chunk_size) bool, True past the episode's end
     prompts: list[str]  # (N,) instruction per sample
@@ -160,7 +160,11 @@ def load_train_data(cfg: DataConfig, model: FlowConfig) -> TrainData:
     from cosmos_robot.data.schema import ACTION, STATE
 
     demo = load_demonstrations(
-        cfg.root, chunk_size=model.chunk_size, image_size=model.image_size, cameras=tuple(model.cameras)
+        cfg.root,
+        chunk_size=model.chunk_size,
+        image_size=model.image_size,
+        cameras=tuple(model.cameras),
+        state_keys=tuple(model.state_keys),
     )
     keep = _first_episodes_per_task(demo.episode_index.numpy(), demo.prompts, cfg.max_episodes_per_task)
     if keep is not None:
