@@ -14,7 +14,7 @@ from lerobot.datasets.lerobot_dataset import LeRobotDataset
 from PIL import Image
 
 from cosmos_robot.data.loader import action_chunks, compute_norm_stats, load_demonstrations
-from cosmos_robot.data.schema import ACTION, STATE, camera_key
+from cosmos_robot.data.schema import ACTION, OBJECT_STATE, STATE, camera_key
 from cosmos_robot.transforms import ResizeImages
 
 
@@ -74,6 +74,21 @@ def test_images_are_resized_like_the_serving_transform(tiny_dataset: Path) -> No
     full = np.asarray(Image.open(BytesIO(png)).convert("RGB"))
     served = ResizeImages(("img",), 16, 16)({"img": full})["img"]
     assert np.array_equal(data.images[3, 0].permute(1, 2, 0).numpy(), served)
+
+
+def test_camera_free_load_joins_state_vectors_and_decodes_no_image(tiny_dataset: Path) -> None:
+    data = load_demonstrations(
+        tiny_dataset, chunk_size=4, image_size=16, cameras=(), state_keys=("state", "object_state")
+    )
+    assert data.images.shape[1] == 0 and data.cameras == ()
+    table = LeRobotDataset("local/tiny", root=tiny_dataset).hf_dataset.data
+    robot = np.stack(table.column(STATE).to_pylist()).astype(np.float32)
+    objects = np.stack(table.column(OBJECT_STATE).to_pylist()).astype(np.float32)
+    assert data.state.shape == (len(data), robot.shape[1] + objects.shape[1])
+    order = np.argsort(np.asarray(table.column("index")), kind="stable")
+    assert np.array_equal(data.state.numpy(), np.concatenate([robot, objects], axis=1)[order])
+    with pytest.raises(KeyError, match="observation.velocity"):
+        load_demonstrations(tiny_dataset, chunk_size=4, image_size=16, cameras=(), state_keys=("state", "velocity"))
 
 
 def test_max_episodes_loads_a_prefix(tiny_dataset: Path) -> None:

@@ -146,6 +146,9 @@ class AlgoConfig(StrictModel):
     entropy_coef: float = Field(default=0.0, ge=0)  # joint_ppo, grpo: entropy bonus (flow_noise; RLinf 0.005)
     kl_coef: float = Field(default=0.0, ge=0)  # joint_ppo, grpo: k3 KL to the frozen initial policy (0: none)
     detach_critic: bool = False  # joint_ppo: stop value gradients at the shared trunk
+    # joint_ppo: what the critic reads: "policy" (the value head on the policy's shared trunk) or
+    # "privileged" (its own MLP on the env's state + object_state, tabletop only; dropped at export)
+    critic_inputs: Literal["policy", "privileged"] = "policy"
     critic_warmup_iters: int = Field(default=0, ge=0)  # joint_ppo: iterations that train only the value head
     normalize_advantages: bool = True  # joint_ppo: whiten advantages over the batch
     group_size: int = Field(default=1, ge=1)  # grpo, nft, dpo: episodes sharing one initial state (G)
@@ -255,6 +258,13 @@ class RLConfig(StrictModel):
                 f"reward.shaping_coef needs the env's progress signal (info['dense_reward']), which only the "
                 f"tabletop suite has; env.suite is {self.env.suite!r}: set reward.shaping_coef = 0"
             )
+        if self.algo.critic_inputs == "privileged":
+            if self.trainer != "joint_ppo" or self.env.suite != "tabletop" or self.rollout.num_workers != 1:
+                raise ValueError(
+                    "algo.critic_inputs 'privileged' reads the tabletop env's object_state in the rollout process: "
+                    f"it needs trainer joint_ppo (got {self.trainer!r}), env.suite tabletop (got "
+                    f"{self.env.suite!r}) and rollout.num_workers 1 (got {self.rollout.num_workers})"
+                )
         if self.rollout.num_workers > self.env.num_envs:
             raise ValueError(
                 f"rollout.num_workers ({self.rollout.num_workers}) exceeds env.num_envs ({self.env.num_envs})"

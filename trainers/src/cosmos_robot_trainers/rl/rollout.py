@@ -41,6 +41,7 @@ from cosmos_robot_envs.eval import get_suite
 from cosmos_robot_envs.eval.suites import LIBERO_INIT_STATES
 from cosmos_robot_envs.vector import BatchedEnv, EnvFactory, make_vector_env
 from cosmos_robot_trainers.rl.config import RLConfig
+from cosmos_robot_trainers.rl.critic import CRITIC_OBS, critic_obs
 from cosmos_robot_trainers.rl.policies import RLAdapter as RLPolicy
 
 __all__ = ["EpisodeSpec", "Rollout", "RolloutWorker", "concat_rollouts", "episode_specs", "make_envs"]
@@ -283,7 +284,10 @@ class RolloutWorker:
             w: dict[str, Any] = {f"observation/{k}": v for k, v in row.items() if isinstance(v, np.ndarray)}
             w["prompt"] = str(row["prompt"])
             wire.append(w)
-        return self.policy.model_inputs(wire)
+        inputs = self.policy.model_inputs(wire)
+        if self.config.algo.critic_inputs == "privileged":
+            inputs[CRITIC_OBS] = critic_obs(rows).to(self.policy.device)
+        return inputs
 
     @torch.no_grad()
     def _decide(

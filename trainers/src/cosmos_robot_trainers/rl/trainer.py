@@ -34,6 +34,7 @@ import torch
 
 from cosmos_robot.policies.flow.sampling import SampleMode
 from cosmos_robot.policies.init_source import resolve_init
+from cosmos_robot_envs.tabletop.tasks import OBJECT_STATE_DIM, STATE_DIM
 from cosmos_robot_trainers.common import (
     MetricsLogger,
     TrainProgress,
@@ -48,6 +49,7 @@ from cosmos_robot_trainers.common.evaluation import EvalHookConfig, evaluate_pol
 from cosmos_robot_trainers.common.export import export_policy
 from cosmos_robot_trainers.common.rundir import CHECKPOINTS, prepare_run_dir
 from cosmos_robot_trainers.rl.config import RUNTIME_FIELDS, RLConfig
+from cosmos_robot_trainers.rl.critic import attach_privileged_critic, unwrap
 from cosmos_robot_trainers.rl.learner import RATIO_GATE, build_optimizer
 from cosmos_robot_trainers.rl.methods import UpdateInputs, get_method
 from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, frozen_copy, load_rl_adapter
@@ -173,6 +175,8 @@ def run_rl(
     # a bad init fails before any folder is made
     init = resolve_init(config.init, log=log)
     policy = load_rl_adapter(init, torch.device(tcfg.device), config.rollout.noise_level, config.optim.freeze_vlm)
+    if config.algo.critic_inputs == "privileged":
+        attach_privileged_critic(policy, STATE_DIM + OBJECT_STATE_DIM, seed=tcfg.seed)
     ckpt_path = prepare_run_dir(config, Path(config.output.dir), RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
     configure_torch(tcfg.num_threads, tcfg.deterministic)
     run = _setup(config, policy, ckpt_path, log)
@@ -348,7 +352,7 @@ def _check_ratio_gate(metrics: dict[str, Any], it: int) -> None:
 
 def _evaluate(run: _Run, label: str, episodes: int) -> dict[str, Any]:
     """Phase eval: a copy of the current model, served with the ODE, on held-out layouts."""
-    served = run.policy.servable(copy.deepcopy(run.model))
+    served = run.policy.servable(copy.deepcopy(unwrap(run.model)))
     config = run.config
     return evaluate_policy(served, _eval_cfg(config, episodes), run.out / "eval" / label, f"{config.trainer}:{label}")
 
@@ -369,7 +373,7 @@ def _checkpoint(run: _Run, at: int) -> None:
 def _export_and_evaluate(run: _Run, result: RLResult, log: Callable[[str], None]) -> None:
     """Phase export: ``final/`` (a ``FlowPolicy`` folder), the final evaluation and the learning curve."""
     config, it = run.config, result.iteration
-    served = run.policy.servable(copy.deepcopy(run.model))
+    served = run.policy.servable(copy.deepcopy(unwrap(run.model)))
     result.final_dir = export_policy(served, run.out / "final", source=f"{config.trainer}:{config.name}:iter{it}")
     log(f"final policy: {result.final_dir} ({result.total_wall_s / 60:.1f} min)")
     if config.eval.final:
