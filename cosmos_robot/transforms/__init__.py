@@ -14,7 +14,6 @@ from cosmos_robot.transforms.base import (
     transforms_to_config,
 )
 from cosmos_robot.transforms.common import (
-    ConcatKeys,
     NormalizeKeys,
     PadOrSliceActions,
     RenameKeys,
@@ -22,6 +21,7 @@ from cosmos_robot.transforms.common import (
     SelectKeys,
     UnnormalizeKeys,
 )
+from cosmos_robot.transforms.vectors import ConcatKeys
 
 __all__ = [
     "ConcatKeys",

@@ -11,15 +11,7 @@ from PIL import Image
 from cosmos_robot.normalize import FeatureStats, NormMode
 from cosmos_robot.transforms.base import register_transform
 
-__all__ = [
-    "ConcatKeys",
-    "NormalizeKeys",
-    "PadOrSliceActions",
-    "RenameKeys",
-    "ResizeImages",
-    "SelectKeys",
-    "UnnormalizeKeys",
-]
+__all__ = ["NormalizeKeys", "PadOrSliceActions", "RenameKeys", "ResizeImages", "SelectKeys", "UnnormalizeKeys"]
 
 
 @register_transform
@@ -46,30 +38,6 @@ class SelectKeys:
         if missing:
             raise KeyError(f"observation is missing {missing} (got keys {sorted(data)})")
         return {k: data[k] for k in (*self.keys, *self.optional) if k in data}
-
-
-@register_transform
-@dataclass(frozen=True)
-class ConcatKeys:
-    """Concatenate 1-D vectors ``keys`` (in order) into ``out``, e.g. robot state + object state -> ``state``.
-
-    A missing key or a value that is not a flat vector is an error naming the key and its shape."""
-
-    keys: tuple[str, ...]
-    out: str
-
-    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
-        parts = []
-        for key in self.keys:
-            if key not in data:
-                raise KeyError(f"observation is missing {key!r} (needed for {self.out!r}; got keys {sorted(data)})")
-            value = np.asarray(data[key])
-            if value.ndim != 1:
-                raise ValueError(f"{key}: expected a flat vector to join into {self.out!r}, got shape {value.shape}")
-            parts.append(value.astype(np.float32, copy=False))
-        out = {k: v for k, v in data.items() if k not in self.keys}
-        out[self.out] = np.concatenate(parts)
-        return out
 
 
 @register_transform

@@ -13,6 +13,16 @@ from cosmos_robot.normalize import FeatureStats, compute_stats
 from cosmos_robot.policies import CheckpointError, detect_family, load_policy_folder
 
 
+def test_concat_keys_joins_vectors_in_order_and_names_bad_input() -> None:
+    join = tf.transforms_from_config(tf.transforms_to_config([tf.ConcatKeys(("state", "object_state"), "state")]))
+    out = tf.run_transforms(join, {"state": np.array([1.0, 2.0]), "object_state": np.array([3.0]), "prompt": "p"})
+    assert sorted(out) == ["prompt", "state"] and out["state"].tolist() == [1.0, 2.0, 3.0]
+    with pytest.raises(KeyError, match="missing 'object_state'"):
+        tf.run_transforms(join, {"state": np.zeros(2)})
+    with pytest.raises(ValueError, match=r"object_state: expected a flat vector .* shape \(2, 2\)"):
+        tf.run_transforms(join, {"state": np.zeros(2), "object_state": np.zeros((2, 2))})
+
+
 def test_pipeline_round_trips_through_config() -> None:
     rng = np.random.default_rng(0)
     stats = {"state": compute_stats(rng.normal(3, 2, (200, 4))).to_dict()}
