@@ -4,6 +4,7 @@ counts paired episodes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +15,14 @@ from cosmos_robot.config import ConfigError
 from cosmos_robot.policies.flow import FlowPolicy
 from cosmos_robot.policies.flow.rl import FlowRLAdapter
 from cosmos_robot_envs.episodes import obs_row
+from cosmos_robot_trainers.launch import load_train_recipe
 from cosmos_robot_trainers.rl import RLConfig
 from cosmos_robot_trainers.rl.rollout import RolloutWorker, episode_specs
 from cosmos_robot_trainers.rl.sampler_gate import gate_specs, sampler_gap, serving_sampler
 from tests.policies._flow_helpers import scrambled_model, tiny_config, tiny_stats
-from tests.trainers.test_rl import CKPT, debug_config
+from tests.trainers.test_rl import CKPT, ROOT, debug_config
+
+STATE_CKPT = ROOT / "checkpoints" / "flow_tabletop_state_weak"
 
 
 def _state_adapter() -> FlowRLAdapter:
@@ -99,3 +103,44 @@ def test_sampler_gap_pairs_the_same_episodes() -> None:
     assert gap.rollout_successes == gap.serving_successes and gap.gap_points == 0.0
     assert sum(n for n, _, _ in gap.per_task.values()) == gap.episodes == len(specs)
     assert gap.summary()["serving"]["wilson_high"] > 0.0
+
+
+@pytest.mark.slow
+def test_the_state_recipe_sampler_is_within_3_points_of_serving() -> None:
+    """The gate on 100 episodes per task: joint_ppo_flow_tabletop_state's rollout sampler (Flow-SDE from
+    the serving noise) against the served policy, on the committed few-shot state checkpoint."""
+    _, config = load_train_recipe("joint_ppo_flow_tabletop_state", [f"init={json.dumps(str(STATE_CKPT))}"])
+    assert isinstance(config, RLConfig) and (config.sample_mode, config.start_noise) == ("flow_sde", "serving")
+    config = config.model_copy(update={"env": config.env.model_copy(update={"num_envs": 8})})
+    adapter = FlowRLAdapter(FlowPolicy.from_pretrained(STATE_CKPT))
+    adapter.set_num_flow_steps(config.rollout.num_flow_steps or adapter.model.config.num_flow_steps)
+    gap = sampler_gap(config, adapter, episodes_per_task=100)
+    assert gap.episodes == 400
+    assert gap.gap_points <= 3.0, gap.summary()  # the rollout sampler trails serving by at most 3 points
+
+
+@pytest.mark.parametrize("level", ["chunk", "action", "element"])
+def test_ratio_levels_start_at_one_and_shape_the_advantage(level: str) -> None:
+    """Each ratio level recomputes the stored per-element log-probs exactly (ratio 1 before a step) and
+    broadcasts one decision's advantage over its rows / elements."""
+    from cosmos_robot_trainers.rl.advantage import ppo_advantages
+    from cosmos_robot_trainers.rl.learner import policy_gradient
+
+    adapter = _state_adapter()
+    config = _config(f"algo.ratio_level={level}", "env.max_steps=10")
+    worker = RolloutWorker(config, adapter)
+    try:
+        r = worker.collect(episode_specs(config, 0), seed=2)
+    finally:
+        worker.close()
+    assert r.elem_log_prob is not None and r.elem_log_prob.shape == (r.num_decisions, 5, 5)  # rows x logprob_dims
+    torch.testing.assert_close(r.elem_log_prob.sum((1, 2)), r.log_prob)
+    adv = ppo_advantages(r, config.algo)
+    pg = policy_gradient(adapter.model, r, adv, config, sample_mode="flow_sde", noise_level=0.5)
+    mb = torch.arange(r.num_decisions)
+    loss, metrics, lp, _, _ = pg.surrogate(mb)
+    new, old, a = pg.ratio_terms(lp, mb)
+    want = {"chunk": (r.num_decisions,), "action": (r.num_decisions, 5), "element": (r.num_decisions, 5, 5)}[level]
+    assert new.shape == old.shape == want and a.shape[0] == r.num_decisions and a.ndim == len(want)
+    assert float((new - old).detach().abs().max()) < 1e-4 and metrics["clip_fraction"] == 0.0
+    assert torch.isfinite(loss)

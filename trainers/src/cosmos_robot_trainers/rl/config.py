@@ -143,6 +143,10 @@ class AlgoConfig(StrictModel):
     value_coef: float = Field(default=0.5, ge=0)  # joint_ppo: weight of the value loss in the joint loss
     value_clip: float | None = Field(default=0.2, gt=0)  # joint_ppo: value clipping around the old value
     huber_delta: float = Field(default=10.0, gt=0)  # joint_ppo: Huber delta of the value loss
+    # joint_ppo, grpo: what one importance ratio covers: "chunk" (the executed slice summed: one ratio per
+    # decision), "action" (one per executed action row, summed over logprob_dims) or "element" (one per
+    # (row, dim)); the advantage is broadcast (RLinf's logprob_type chunk_level / action_level / token_level)
+    ratio_level: Literal["chunk", "action", "element"] = "chunk"
     entropy_coef: float = Field(default=0.0, ge=0)  # joint_ppo, grpo: entropy bonus (flow_noise; RLinf 0.005)
     kl_coef: float = Field(default=0.0, ge=0)  # joint_ppo, grpo: k3 KL to the frozen initial policy (0: none)
     detach_critic: bool = False  # joint_ppo: stop value gradients at the shared trunk
@@ -257,6 +261,13 @@ class RLConfig(StrictModel):
             raise ValueError(
                 f"reward.shaping_coef needs the env's progress signal (info['dense_reward']), which only the "
                 f"tabletop suite has; env.suite is {self.env.suite!r}: set reward.shaping_coef = 0"
+            )
+        if self.algo.ratio_level != "chunk" and (
+            self.trainer not in ("joint_ppo", "grpo") or self.algo.policy_loss == "gspo"
+        ):
+            raise ValueError(
+                f"algo.ratio_level {self.algo.ratio_level!r} applies to the PPO surrogate of joint_ppo and grpo "
+                f"(trainer {self.trainer!r}, policy_loss {self.algo.policy_loss!r}); GSPO's ratio is per episode"
             )
         if self.algo.critic_inputs == "privileged":
             if self.trainer != "joint_ppo" or self.env.suite != "tabletop" or self.rollout.num_workers != 1:

@@ -158,11 +158,25 @@ class _PolicyGradient:
         batch = _inputs(self.rollout, mb, self.device)
         context = self.model.encode(batch)
         lp = self.log_prob(self.model, context, mb)
-        old, a = self.rollout.log_prob[mb].to(self.device), self.adv.advantages[mb].to(self.device)
+        new, old, a = self.ratio_terms(lp, mb)
         pl, pm = get_algorithm("loss", "ppo")(
-            lp.log_prob, old, a, clip=algo.clip, clip_high=algo.clip_high, dual_clip=algo.dual_clip
+            new, old, a, clip=algo.clip, clip_high=algo.clip_high, dual_clip=algo.dual_clip
         )
         return pl, pm, lp, context, batch
+
+    def ratio_terms(self, lp: Any, mb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(log-prob, old log-prob, advantage)`` at ``algo.ratio_level``: ``(B,)``, ``(B, h)`` or ``(B, h, d)``,
+        the advantage shaped to broadcast over the decision's rows / elements."""
+        level = self.config.algo.ratio_level
+        a = self.adv.advantages[mb].to(self.device)
+        if level == "chunk":
+            return lp.log_prob, self.rollout.log_prob[mb].to(self.device), a
+        if self.rollout.elem_log_prob is None:
+            raise ValueError(f"algo.ratio_level {level!r} needs per-element old log-probs; this rollout has none")
+        old = self.rollout.elem_log_prob[mb].to(self.device)
+        if level == "action":
+            return lp.dim_log_prob.sum(-1), old.sum(-1), a[:, None]
+        return lp.dim_log_prob, old, a[:, None, None]
 
     def loss(self, mb: torch.Tensor, *, train_policy: bool, gspo: bool, first: bool) -> tuple[torch.Tensor, dict]:
         algo = self.config.algo

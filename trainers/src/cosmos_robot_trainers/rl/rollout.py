@@ -114,6 +114,9 @@ class Rollout:
     # bookkeeping
     env_steps: int = 0
     wall_s: dict[str, float] = field(default_factory=dict)
+    # (M, replan_steps, len(logprob_dims)) float32 old log-prob per executed element (algo.ratio_level
+    # "action" / "element"); None in rollouts built without it
+    elem_log_prob: torch.Tensor | None = None
 
     @property
     def num_decisions(self) -> int:
@@ -143,6 +146,8 @@ def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
             values[f.name] = {k: _cat([it[k] for it in items]) for k in items[0]}
         elif f.name == "wall_s":
             values[f.name] = {k: max(d.get(k, 0.0) for d in items) for k in items[0]}
+        elif items[0] is None:
+            values[f.name] = None
         elif isinstance(items[0], list):
             values[f.name] = [x for item in items for x in item]
         else:
@@ -227,6 +232,7 @@ class _Recorder:
             chain=torch.cat(r["chain"]),
             sde_step=torch.cat(r["sde_step"]),
             log_prob=torch.cat(r["log_prob"]),
+            elem_log_prob=torch.cat(r["elem_log_prob"]),
             value=torch.cat(r["value"]),
             reward=torch.tensor(np.concatenate(r["reward"]), dtype=torch.float32),
             done=torch.tensor(np.concatenate(r["done"]), dtype=torch.bool),
@@ -425,6 +431,7 @@ class _RolloutHooks(EpisodeHooks[EpisodeSpec]):
             chain=d.sample.chain.float().cpu(),
             sde_step=d.sample.sde_step.cpu(),
             log_prob=d.sample.log_prob.float().cpu(),
+            elem_log_prob=d.sample.dim_log_prob.float().cpu(),
             value=d.values,
             reward=d.shaped,
             done=d.done,
