@@ -143,6 +143,33 @@ def test_eval_ckpt_in_process(flow_ckpt: Path, tmp_path: Path) -> None:
     assert results["policy"]["kind"] == "checkpoint" and results["policy"]["metadata"]["type"] == "flow"
 
 
+STATE_PPO = Path(__file__).resolve().parents[2] / "checkpoints" / "flow_tabletop_state_ppo"
+STATE_CLIENT = (
+    CLIENT_HEAD
+    + """
+obs = {"observation/state": rng.standard_normal(8), "observation/object_state": rng.standard_normal(15),
+       "prompt": "reach the red target"}
+a = client.infer(obs)["actions"]
+print(json.dumps({"shape": list(a.shape), "cameras": meta.get("cameras"), "finite": bool(np.isfinite(a).all())}))
+"""
+)
+
+
+def test_committed_state_ppo_checkpoint_serves_and_evaluates_without_cameras(tmp_path: Path) -> None:
+    """The camera-free checkpoint answers openpi's client with state + object_state, and ``eval --ckpt``
+    runs it on unrendered envs (no camera in its input spec: obs_mode "state")."""
+    got = serve_and_ask(STATE_PPO, STATE_CLIENT)
+    assert got == {"shape": [10, 7], "cameras": [], "finite": True}
+    args = ["eval", "--ckpt", str(STATE_PPO), "--tasks", "reach,open_drawer", "--episodes-per-task", "5",
+            "--num-envs", "2", "--vector-mode", "sync", "--video-episodes", "0", "--seed", "1000",
+            "--out", str(tmp_path / "ev")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "ev" / "results.json").read_text())
+    assert results["totals"]["episodes"] == 10 and results["totals"]["successes"] >= 7  # a trained policy
+    assert not (tmp_path / "ev" / "videos").exists()
+
+
 def test_eval_pi05_ckpt_in_process(pi05_ckpt: Path, tmp_path: Path) -> None:
     args = ["eval", "--ckpt", str(pi05_ckpt), "--tasks", "reach", "--episodes-per-task", "2", "--num-envs", "2",
             "--image-size", "32", "--max-steps", "10", "--vector-mode", "sync", "--video-episodes", "0",
