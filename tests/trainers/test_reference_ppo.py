@@ -26,6 +26,7 @@ def test_modular_joint_ppo_matches_the_reference_on_a_tiny_budget(tmp_path: Path
         "env.max_steps=25",
         'env.tasks=["reach", "push"]',
         "train.iterations=2",
+        "rollout.start_noise=fresh",  # the reference draws each chunk's start noise afresh
     ]
     _, config = load_train_recipe("debug_joint_ppo", overrides)
     result = run_rl(config, log=lambda _: None)
