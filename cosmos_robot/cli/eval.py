@@ -71,6 +71,9 @@ def command(
         cosmos-robot eval --ckpt pi05_libero --suite libero_spatial --allow-download --out runs/e3
     """
     options = dict(locals())  # the option values by name (the config's fields are read from them)
+    if suite.startswith("text/"):
+        _text_eval(ckpt, policy, suite, out, episodes_per_task, seed, device)
+        return
     if (policy is None) == (ckpt is None):
         raise fail("pass exactly one of --policy (server URL or MODULE:FACTORY) or --ckpt (checkpoint folder)", 2)
     source = policy if policy is not None else f"ckpt:{Path(str(ckpt)).resolve()}"
@@ -82,6 +85,23 @@ def command(
     pol = _load(source, remote, ckpt, device, policy_kwargs, api_key, connect_timeout_s, wait_s, request_timeout_s)
     kind = "websocket" if remote else "checkpoint" if ckpt is not None else "in_process"
     results = _run(config, pol, out, kind, overwrite, remote)
+    _print_results(results, suite, out)
+
+
+def _text_eval(
+    ckpt: Optional[str], policy: Optional[str], suite: str, out: str, episodes: int, seed: int, device: str
+) -> None:
+    """``--suite text/<task>``: greedy exact-answer accuracy of an HF causal-LM folder on held-out prompts."""
+    if ckpt is None or policy is not None:
+        raise fail(f"--suite {suite} evaluates a model folder in-process: pass --ckpt DIR (an HF causal-LM folder)", 2)
+    from cosmos_robot.text.evaluate import run_text_eval
+
+    try:
+        results = run_text_eval(
+            ckpt, suite, out, episodes_per_task=episodes, seed=seed, device="cpu" if device == "auto" else device
+        )
+    except ValueError as exc:  # CheckpointError, an unknown task, a bad conversation
+        raise fail(str(exc), 2) from exc
     _print_results(results, suite, out)
 
 

@@ -51,8 +51,11 @@ class Family:
     """One policy family; each capability is a ``"module:attribute"`` resolved when first asked for."""
 
     name: str
-    policy: str  # the serving policy class (``from_pretrained(folder, **options)`` -> ``BatchPolicy``)
+    policy: str | None  # the serving policy class (``from_pretrained(folder, **options)`` -> ``BatchPolicy``)
     config_types: tuple[str, ...] = ()  # ``config.json`` "type" values of its folders
+    # ``"module:predicate"``: ``predicate(config_json) -> bool`` for folders whose config.json has no "type"
+    # (Hugging Face folders carry ``model_type`` and ``architectures`` instead)
+    config_match: str | None = None
     pipelines: tuple[str, ...] = ()  # ``model_index.json`` "_class_name" values (diffusers folders)
     rl: str | None = None  # an ``RLAdapter`` subclass (``from_checkpoint``): RL trainers
     sft: str | None = None  # an ``SFTAdapter`` class (cosmos_robot_trainers.sft.adapter): the SFT trainer
@@ -60,7 +63,12 @@ class Family:
     tiny: str | None = None  # ``write_tiny(out_dir) -> folder``: a tiny random checkpoint for debug recipes
 
     def policy_class(self) -> Any:
-        """The serving policy class."""
+        """The serving policy class (a ``CheckpointError`` for a family that is not a robot policy)."""
+        if self.policy is None:
+            raise CheckpointError(
+                f"the {self.name} family is not a robot policy: `serve --ckpt` streams action chunks; evaluate "
+                "a text model with `cosmos-robot eval --ckpt DIR --suite text/<task>`"
+            )
         return _resolve(self.policy)
 
     def rl_adapter(
@@ -131,6 +139,13 @@ FAMILIES: dict[str, Family] = {
             pipelines=("Cosmos3OmniPipeline",),
             tiny=f"{_CORE}.cosmos3.tiny:write_tiny",
         ),
+        Family(
+            "hf_causal_lm",  # any AutoModelForCausalLM folder (Qwen2, Qwen3, Qwen3-MoE, ...): text post-training
+            None,
+            config_match="cosmos_robot.text.hf:is_causal_lm_config",
+            export=f"{_EXPORT}.hf_lm:HFCausalLMExporter",
+            tiny="cosmos_robot.text.tiny:write_tiny",
+        ),
     )
 }
 
@@ -146,7 +161,7 @@ class CheckpointError(ValueError):
 
 def register_family(family: Family) -> None:
     """Add (or replace) a family entry, e.g. from a plugin package."""
-    for field in ("policy", "rl", "sft", "export", "tiny"):
+    for field in ("policy", "rl", "sft", "export", "tiny", "config_match"):
         target = getattr(family, field)
         if target is not None and ":" not in target:
             raise ValueError(f"register_family({family.name!r}): {field} must be 'module:attribute', got {target!r}")
@@ -222,8 +237,13 @@ def family_of(ckpt_dir: str | Path) -> Family:
     if not config_path.exists():
         present = sorted(p.name for p in root.iterdir())[:10]
         raise CheckpointError(f"{root}: missing config.json (found {present or 'nothing'})")
-    kind = read_json(config_path).get("type")
+    config = read_json(config_path)
+    kind = config.get("type")
     types = {t: family for family in FAMILIES.values() for t in family.config_types}
+    if kind is None:
+        for family in FAMILIES.values():
+            if family.config_match is not None and _resolve(family.config_match)(config):
+                return family
     if not isinstance(kind, str) or not kind:
         raise CheckpointError(f"{config_path}: missing the 'type' field naming the policy family ({sorted(types)})")
     if kind not in types:

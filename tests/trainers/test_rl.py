@@ -224,6 +224,21 @@ def test_ppo_advantages_are_gae_per_episode_with_bootstrap() -> None:
     assert index[1].tolist() == [2, 3, 4]
 
 
+def test_ppo_advantages_whiten_within_each_task() -> None:
+    """``whiten_over="task"``: each task's decisions have mean 0 and std 1 on their own, so a task with
+    small returns is not drowned by one with large returns (batch whitening would give it tiny advantages)."""
+    r = _rollout([[0.0, 1.0], [0.0, 0.0], [0.0, 0.01], [0.0, 0.0]], [[0.0, 0.0]] * 4, [1, 0, 0, 0], [0, 1, 2, 3])
+    r.ep_task = ["reach", "reach", "push", "push"]
+    raw = ppo_advantages(r, AlgoConfig(gamma=1.0, lam=1.0, normalize_advantages=False)).advantages
+    per_task = ppo_advantages(r, AlgoConfig(gamma=1.0, lam=1.0, whiten_over="task")).advantages
+    batch = ppo_advantages(r, AlgoConfig(gamma=1.0, lam=1.0)).advantages
+    for rows in ([0, 1, 2, 3], [4, 5, 6, 7]):
+        a, x = per_task[rows], raw[rows]
+        assert abs(float(a.mean())) < 1e-6 and abs(float(a.std()) - 1.0) < 1e-5
+        assert torch.allclose(a, (x - x.mean()) / x.std(), atol=1e-5)
+    assert float(batch[4:].std()) < 0.05  # batch whitening: push decisions barely told apart
+
+
 def test_group_advantages_filter_and_broadcast() -> None:
     r = _rollout(
         [[0.0], [1.0], [0.0, 0.0], [1.0], [1.0]],

@@ -23,6 +23,9 @@ __all__ = ["TRAINERS", "launch", "load_train_recipe"]
 # trainer name -> ("module:ConfigClass", "module:run_function")
 TRAINERS: dict[str, tuple[str, str]] = {
     "sft": ("cosmos_robot_trainers.sft.config:SFTConfig", "cosmos_robot_trainers.sft.trainer:run_sft"),
+    "text_sft": ("cosmos_robot_trainers.text.config:TextSFTConfig", "cosmos_robot_trainers.text.sft:run_text_sft"),
+    "text_dpo": ("cosmos_robot_trainers.text.config:TextDPOConfig", "cosmos_robot_trainers.text.dpo:run_text_dpo"),
+    "text_grpo": ("cosmos_robot_trainers.text.config:TextGRPOConfig", "cosmos_robot_trainers.text.grpo:run_text_grpo"),
     **{
         name: ("cosmos_robot_trainers.rl.config:RLConfig", "cosmos_robot_trainers.rl.trainer:run_rl")
         for name in ALGORITHMS

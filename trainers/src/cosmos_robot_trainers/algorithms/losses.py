@@ -70,6 +70,14 @@ def _aggregate(
     return (per_seq * has_tokens).sum() / has_tokens.sum().clamp(min=1.0)
 
 
+def aggregate(
+    loss: torch.Tensor, mask: torch.Tensor | None, loss_agg: str = "token_mean", norm_constant: float | None = None
+) -> torch.Tensor:
+    """The policy losses' reduction of an elementwise (B, ...) loss (linear: a KL term aggregated the same way
+    and added equals adding it per token first, as TRL does)."""
+    return _aggregate(loss, mask, loss_agg, norm_constant)
+
+
 @register("loss", "ppo")
 def ppo_policy_loss(
     log_prob: torch.Tensor,
@@ -81,6 +89,7 @@ def ppo_policy_loss(
     clip_high: float | None = None,
     loss_agg: str = "token_mean",
     norm_constant: float | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """PPO clipped surrogate with dual clip (notes §1.4, RLinf), masked token-mean by default.
 
@@ -103,6 +112,10 @@ def ppo_policy_loss(
     Metrics: ``clip_fraction`` (share of valid entries where the clipped term L2 is active), ``dual_clip_fraction``,
     ``approx_kl`` (k3 = (ratio − 1) − log ratio, cleanrl's estimator), ``approx_kl_k1`` (mean(logp_old − logp)),
     ``ratio_mean``.
+
+    ``token_weights`` (broadcast like ``advantages``, no gradient) multiply each entry's loss before the
+    aggregation: the truncated importance-sampling correction of a rollout engine whose sampling
+    log-probs differ from the trainer's (TRL's ``vllm_importance_sampling_correction``).
     """
     high = clip if clip_high is None else clip_high
     log_ratio = log_prob.float() - old_log_prob.float()
@@ -118,6 +131,8 @@ def ppo_policy_loss(
         cap = torch.sign(adv) * dual_clip * adv
         dual_clipped = loss > cap
         loss = torch.minimum(loss, cap)
+    if token_weights is not None:
+        loss = loss * token_weights.detach().float().expand_as(loss)
     total = _aggregate(loss, mask, loss_agg, norm_constant)
     with torch.no_grad():
         metrics = {
@@ -343,4 +358,42 @@ def flow_dpo_trajectory_loss(
     loss = -F.logsigmoid(logit).mean()
     with torch.no_grad():
         metrics = {"implicit_acc": (logit > 0).float().mean(), "logit_mean": logit.mean()}
+    return loss, metrics
+
+
+@register("loss", "dpo")
+def dpo_loss(
+    chosen_logp: torch.Tensor,
+    rejected_logp: torch.Tensor,
+    ref_chosen_logp: torch.Tensor,
+    ref_rejected_logp: torch.Tensor,
+    beta: float = 0.1,
+    kind: str = "sigmoid",
+) -> tuple[torch.Tensor, Metrics]:
+    """DPO over (P,) sequence log-probs (TRL ``DPOTrainer``; text_posttrain_anchors.md §1c)::
+
+        d = (logp_c − ref_c) − (logp_r − ref_r)
+        sigmoid:  L = mean(−log σ(β·d))                    (Rafailov et al.; TRL's default, β = 0.1)
+        ipo:      L = mean((d − 1/(2β))²)                  (Azar et al.; pass length-normalised log-probs,
+                                                            as TRL does for ipo)
+
+    Metrics: ``reward_accuracy`` (share with d > 0), ``margin`` (β·d mean), ``chosen_reward`` and
+    ``rejected_reward`` (β·(logp − ref) means, TRL's logged rewards).
+    """
+    d = (chosen_logp.float() - ref_chosen_logp.float().detach()) - (
+        rejected_logp.float() - ref_rejected_logp.float().detach()
+    )
+    if kind == "sigmoid":
+        loss = -F.logsigmoid(beta * d).mean()
+    elif kind == "ipo":
+        loss = ((d - 1.0 / (2.0 * beta)) ** 2).mean()
+    else:
+        raise ValueError(f"unknown DPO loss {kind!r}; choose sigmoid or ipo")
+    with torch.no_grad():
+        metrics = {
+            "reward_accuracy": (d > 0).float().mean(),
+            "margin": (beta * d).mean(),
+            "chosen_reward": (beta * (chosen_logp.float() - ref_chosen_logp.float())).mean(),
+            "rejected_reward": (beta * (rejected_logp.float() - ref_rejected_logp.float())).mean(),
+        }
     return loss, metrics

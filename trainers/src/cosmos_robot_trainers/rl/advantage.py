@@ -16,7 +16,15 @@ from cosmos_robot_trainers.algorithms.advantages import filter_groups, normalize
 from cosmos_robot_trainers.rl.config import AlgoConfig
 from cosmos_robot_trainers.rl.rollout import Rollout
 
-__all__ = ["Advantages", "dpo_pairs", "episode_layout", "group_advantages", "nft_advantages", "ppo_advantages"]
+__all__ = [
+    "Advantages",
+    "dpo_pairs",
+    "episode_layout",
+    "group_advantages",
+    "nft_advantages",
+    "ppo_advantages",
+    "whiten",
+]
 
 
 @dataclass
@@ -61,12 +69,24 @@ def ppo_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
     flat_ret[index[valid]] = ret[valid]
     raw_mean = float(flat_adv.mean()) if rollout.num_decisions else 0.0
     if algo.normalize_advantages:
-        flat_adv = normalize_advantages(flat_adv)
+        flat_adv = whiten(flat_adv, rollout, algo.whiten_over)
     value = rollout.value
     var_ret = float(flat_ret.var()) if rollout.num_decisions > 1 else 0.0
     explained = 1.0 - float((flat_ret - value).var()) / var_ret if var_ret > 0 else float("nan")
     keep = torch.ones(rollout.num_decisions, dtype=torch.bool)
     return Advantages(flat_adv, flat_ret, keep, {"adv_raw_mean": raw_mean, "explained_variance": explained})
+
+
+def whiten(adv: torch.Tensor, rollout: Rollout, over: str) -> torch.Tensor:
+    """Per-decision advantages whitened over the whole batch, or (``over="task"``) within each task."""
+    if over == "batch":
+        return normalize_advantages(adv)
+    task_of = [rollout.ep_task[int(e)] for e in rollout.episode]
+    out = torch.zeros_like(adv)
+    for task in sorted(set(task_of)):
+        mask = torch.tensor([t == task for t in task_of], dtype=torch.bool)
+        out += normalize_advantages(adv, mask)
+    return out
 
 
 def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:

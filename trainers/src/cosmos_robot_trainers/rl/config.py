@@ -155,6 +155,9 @@ class AlgoConfig(StrictModel):
     critic_inputs: Literal["policy", "privileged"] = "policy"
     critic_warmup_iters: int = Field(default=0, ge=0)  # joint_ppo: iterations that train only the value head
     normalize_advantages: bool = True  # joint_ppo: whiten advantages over the batch
+    # joint_ppo: whiten over the whole batch, or within each task (every task's decisions then weigh the
+    # same in the update, however rare its successes or large its returns)
+    whiten_over: Literal["batch", "task"] = "batch"
     group_size: int = Field(default=1, ge=1)  # grpo, nft, dpo: episodes sharing one initial state (G)
     advantage: Literal["grpo", "dr_grpo"] = "grpo"  # grpo, nft: group-normalised (std) or Dr-GRPO (no std)
     policy_loss: Literal["ppo", "gspo"] = "ppo"  # grpo: per-decision clipped ratio or GSPO sequence ratio

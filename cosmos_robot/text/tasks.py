@@ -1,0 +1,156 @@
+"""Text tasks: seeded prompt generators with ground truth, a default reward, and held-out splits.
+
+A text task plays the part a simulator plays for robot policies: ``example(seed)`` is a reset
+(deterministic in its seed), the reward provider scores the completion, and the same ``eval``
+command reports success rates with Wilson intervals (``--suite text/<task>``). Each example is in
+exactly one split, decided by a hash of its problem (not of its seed), so the 500 held-out prompts
+of an evaluation are never trained on whatever seeds training draws.
+
+Tasks (all offline, generated here):
+
+- ``addition``: ``47+85=`` -> ``132`` (two 2-digit numbers; ``addition3`` uses 3 digits);
+- ``chain_sum``: ``12+7-30+4=`` -> ``-7`` (3-4 terms of 1-2 digits, like reasoning-gym's chain_sum);
+- ``countdown``: reach a target with 3-4 numbers and ``+ - * /`` (TinyZero's prompt and reward).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TASKS", "TextExample", "TextTask", "get_task", "task_examples"]
+
+SPLITS = ("train", "eval")
+EVAL_SHARE = 10  # one problem in EVAL_SHARE is held out
+
+
+@dataclass(frozen=True)
+class TextExample:
+    """One prompt with its ground truth; ``solution`` is the assistant text SFT trains on."""
+
+    task: str
+    seed: int
+    prompt: list[dict[str, str]]
+    answer: str
+    solution: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def ground_truth(self) -> dict[str, Any]:
+        """What a reward scorer reads (``answer`` plus task fields); JSON-serialisable."""
+        return {"task": self.task, "answer": self.answer, **self.fields}
+
+    @property
+    def problem(self) -> str:
+        return self.prompt[-1]["content"]
+
+
+@dataclass(frozen=True)
+class TextTask:
+    """A named generator: ``make(rng) -> (problem text, answer, solution, fields)``."""
+
+    name: str
+    reward: str
+    make: Callable[[np.random.Generator], tuple[str, str, str, dict[str, Any]]]
+    system: str | None = None
+    description: str = ""
+
+    def example(self, seed: int) -> TextExample:
+        problem, answer, solution, fields = self.make(np.random.default_rng([seed, 7919]))
+        messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
+            {"role": "user", "content": problem}
+        ]
+        return TextExample(self.name, seed, messages, answer, solution, fields)
+
+    def split_of(self, example: TextExample) -> str:
+        digest = hashlib.sha256(f"{self.name}:{example.problem}".encode()).digest()
+        return "eval" if digest[0] % EVAL_SHARE == 0 else "train"
+
+
+def _addition(digits: int) -> Callable[[np.random.Generator], tuple[str, str, str, dict[str, Any]]]:
+    low, high = 10 ** (digits - 1), 10**digits
+
+    def make(rng: np.random.Generator) -> tuple[str, str, str, dict[str, Any]]:
+        a, b = (int(x) for x in rng.integers(low, high, size=2))
+        return f"{a}+{b}=", str(a + b), str(a + b), {}
+
+    return make
+
+
+def _chain_sum(rng: np.random.Generator) -> tuple[str, str, str, dict[str, Any]]:
+    terms = [int(x) for x in rng.integers(1, 100, size=int(rng.integers(3, 5)))]
+    signs = ["+" if s else "-" for s in rng.integers(0, 2, size=len(terms) - 1)]
+    text, total = str(terms[0]), terms[0]
+    for s, t in zip(signs, terms[1:]):
+        text += f"{s}{t}"
+        total += t if s == "+" else -t
+    return f"{text}=", str(total), str(total), {}
+
+
+def _countdown(rng: np.random.Generator) -> tuple[str, str, str, dict[str, Any]]:
+    while True:
+        numbers = [int(x) for x in rng.integers(1, 50, size=int(rng.integers(3, 5)))]
+        order = [numbers[i] for i in rng.permutation(len(numbers))]
+        expr, value = str(order[0]), float(order[0])
+        for n in order[1:]:
+            op = "+-*"[int(rng.integers(0, 3))]
+            expr = f"({expr}){op}{n}" if op == "*" else f"{expr}{op}{n}"
+            value = value * n if op == "*" else value + n if op == "+" else value - n
+        if 1 <= value <= 1000 and value == int(value):
+            break
+    target = int(value)
+    problem = (
+        f"Using the numbers {numbers}, create an equation that equals {target}. You can use basic arithmetic "
+        "operations (+, -, *, /) and each number can only be used once. Show your work in <think> </think> tags. "
+        "And return the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
+    )
+    return problem, expr, f"<think>\n</think>\n<answer>{expr}</answer>", {"numbers": numbers, "target": target}
+
+
+TASKS: dict[str, TextTask] = {
+    t.name: t
+    for t in (
+        TextTask("addition", "exact_match", _addition(2), description="two 2-digit numbers"),
+        TextTask("addition3", "exact_match", _addition(3), description="two 3-digit numbers"),
+        TextTask("chain_sum", "exact_match", _chain_sum, description="3-4 terms of 1-2 digits, + and -"),
+        TextTask("countdown", "countdown", _countdown, description="TinyZero's Countdown, 3-4 numbers"),
+    )
+}
+
+
+def get_task(name: str) -> TextTask:
+    if name not in TASKS:
+        import difflib
+
+        hint = difflib.get_close_matches(name, list(TASKS), n=1)
+        extra = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise ValueError(f"unknown text task {name!r} (known: {', '.join(TASKS)}){extra}")
+    return TASKS[name]
+
+
+def task_examples(task: str | TextTask, split: str, n: int, seed: int = 0) -> list[TextExample]:
+    """``n`` examples of ``split`` in seed order starting at ``seed * 1_000_003`` (disjoint per ``seed``).
+
+    Duplicated problems are skipped within one call, so ``n`` held-out prompts are ``n`` distinct problems.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    t = get_task(task) if isinstance(task, str) else task
+    out: list[TextExample] = []
+    seen: set[str] = set()
+    s = seed * 1_000_003
+    tries = 0
+    while len(out) < n:
+        ex = t.example(s)
+        s += 1
+        tries += 1
+        if tries > 200 * n + 10_000:
+            raise ValueError(f"text task {t.name}: could not draw {n} distinct {split} problems ({len(out)} found)")
+        if t.split_of(ex) != split or ex.problem in seen:
+            continue
+        seen.add(ex.problem)
+        out.append(ex)
+    return out

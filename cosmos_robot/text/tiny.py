@@ -1,0 +1,133 @@
+"""Tiny real-format causal LMs for tests, debug recipes and the CPU learning runs.
+
+There is no hub here, so the text stack is exercised on models built from configs: a character-level
+tokenizer (``tokenizers`` WordLevel over single characters plus the ChatML specials, wrapped as a
+``PreTrainedTokenizerFast`` with a ChatML chat template that marks assistant turns with
+``{% generation %}``) and a random-init ``Qwen3ForCausalLM`` (or Qwen2 / Qwen3-MoE) saved with
+``save_pretrained``. The folder is an ordinary HF folder: ``AutoModelForCausalLM`` and
+``AutoTokenizer`` load it, and so does everything in this project that loads real checkpoints.
+Character tokens keep arithmetic tasks learnable by a ~100k-parameter model in minutes.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+from typing import Any
+
+from cosmos_robot.text.hf import CausalLM, save_causal_lm
+
+__all__ = ["CHATML_TEMPLATE", "SPECIAL_TOKENS", "char_tokenizer", "tiny_causal_lm", "tiny_from_table", "write_tiny"]
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+# ChatML as Qwen formats it; assistant content and its <|im_end|> are inside {% generation %} so
+# apply_chat_template(return_assistant_tokens_mask=True) marks exactly the tokens SFT trains on.
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{%- generation -%}{{- message['content'] + '<|im_end|>' -}}{%- endgeneration -%}{{- '\\n' -}}"
+    "{%- else -%}{{- message['content'] + '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+DEFAULT_ALPHABET = string.digits + string.ascii_letters + " +-*/=()?.,:;!'\"#<>_\n"
+# arithmetic tasks: digits, operators and newline only; the role names are whole tokens (ROLE_WORDS), so a
+# 25-token vocabulary still renders ChatML. A small vocabulary keeps a tiny model's samples on-task,
+# which is what makes RL from its own samples work at this scale.
+ARITHMETIC_ALPHABET = string.digits + "+-*/=() \n"
+ALPHABETS = {"printable": DEFAULT_ALPHABET, "arithmetic": ARITHMETIC_ALPHABET}
+ROLE_WORDS = ("system", "user", "assistant", "tool")
+
+
+def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:
+    """A ``PreTrainedTokenizerFast``: one token per character of ``alphabet`` (or a name in ``ALPHABETS``),
+    the role names as whole tokens, ChatML specials and the chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = ALPHABETS.get(alphabet, alphabet)
+    chars = sorted(set(alphabet))
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab["<unk>"] = len(vocab)
+    for word in ROLE_WORDS:
+        vocab[word] = len(vocab)
+    for ch in chars:
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        unk_token="<unk>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=list(SPECIAL_TOKENS),
+    )
+    tok.add_tokens(list(ROLE_WORDS))  # matched whole, before the per-character split
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def tiny_causal_lm(
+    tokenizer: Any,
+    *,
+    model_type: str = "qwen3",
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int = 128,
+    experts: int = 4,
+    max_positions: int = 512,
+    seed: int = 0,
+) -> CausalLM:
+    """A random-init ``*ForCausalLM`` of ``model_type`` (qwen3, qwen2, qwen3_moe) sized for ``tokenizer``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    common: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": max_positions,
+        "tie_word_embeddings": True,
+        "bos_token_id": None,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    if model_type in ("qwen3", "qwen3_moe"):
+        common["head_dim"] = hidden // heads
+    if model_type == "qwen3_moe":
+        common.update(
+            num_experts=experts,
+            num_experts_per_tok=2,
+            moe_intermediate_size=intermediate // 2,
+            decoder_sparse_step=1,
+            output_router_logits=False,
+        )
+    config = AutoConfig.for_model(model_type, **common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    return CausalLM(model, tokenizer, None)
+
+
+def tiny_from_table(table: dict[str, Any]) -> CausalLM:
+    """A tiny model from a recipe's ``[model]`` table (``model_type``, ``alphabet`` and the sizes)."""
+    sizes = dict(table)
+    tokenizer = char_tokenizer(sizes.pop("alphabet", "printable"))
+    return tiny_causal_lm(tokenizer, model_type=sizes.pop("model_type", "qwen3"), **sizes)
+
+
+def write_tiny(out: str | Path, *, model_type: str = "qwen3", alphabet: str = DEFAULT_ALPHABET, **sizes: Any) -> Path:
+    """Save a tiny random causal LM with a character tokenizer as an HF folder under ``out``."""
+    lm = tiny_causal_lm(char_tokenizer(alphabet), model_type=model_type, **sizes)
+    return save_causal_lm(lm, Path(out))

@@ -1,0 +1,164 @@
+"""The text trainers end to end on tiny real-format models: SFT, GRPO and DPO recipes run, resume exactly,
+export HF folders that transformers loads, and the eval command scores them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from cosmos_robot.cli import app
+from cosmos_robot_trainers.launch import launch, load_train_recipe
+from cosmos_robot_trainers.text.dpo import load_pairs, sampled_pairs
+from cosmos_robot_trainers.text.grpo import run_text_grpo
+from cosmos_robot_trainers.text.sft import run_text_sft
+
+runner = CliRunner()
+
+
+def _records(run: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    drop = {"steps_per_s", "iter_wall_s", "time/rollout", "time/update", "tokens_per_s"}
+    return [{k: v for k, v in r.items() if k not in drop} for r in rows if "final_eval" not in r]
+
+
+def _config(recipe: str, out: Path, *overrides: str) -> Any:
+    return load_train_recipe(
+        recipe, [f"output.dir={out}", "output.tensorboard=false", "train.progress=false", *overrides]
+    )[1]
+
+
+def test_text_sft_learns_resumes_exactly_and_exports(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    straight = tmp_path / "a"
+    result = run_text_sft(_config("debug_text_sft", straight), log=lambda _: None)
+    assert result.finished and result.final_dir is not None
+    losses = [r["loss"] for r in _records(straight) if "loss" in r]
+    assert losses[-1] < 0.8 * losses[0]
+    killed = tmp_path / "b"
+    config = _config("debug_text_sft", killed)
+    assert run_text_sft(config, stop_at_step=10, log=lambda _: None).final_dir is None
+    resumed = run_text_sft(config, log=lambda _: None)
+    assert resumed.resumed_from == 10
+    assert _records(killed) == _records(straight)
+    model = AutoModelForCausalLM.from_pretrained(result.final_dir, local_files_only=True)
+    assert model.config.model_type == "qwen3" and (result.final_dir / "manifest.json").is_file()
+    out = runner.invoke(
+        app,
+        [
+            "eval",
+            "--ckpt",
+            str(result.final_dir),
+            "--suite",
+            "text/addition",
+            "--episodes-per-task",
+            "20",
+            "--out",
+            str(tmp_path / "e"),
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    results = json.loads((tmp_path / "e" / "results.json").read_text())
+    assert results["suite"] == "text/addition" and results["totals"]["episodes"] == 20
+    assert {"success_rate", "ci95_low", "ci95_high"} <= set(results["tasks"]["addition"])
+    assert len((tmp_path / "e" / "completions.jsonl").read_text().splitlines()) == 20
+
+
+def test_text_eval_refuses_a_server_and_a_robot_checkpoint(tmp_path: Path) -> None:
+    out = runner.invoke(
+        app, ["eval", "--policy", "ws://127.0.0.1:1", "--suite", "text/addition", "--out", str(tmp_path)]
+    )
+    assert out.exit_code == 2 and "pass --ckpt DIR" in out.output
+    robot = Path(__file__).resolve().parents[2] / "checkpoints" / "flow_tabletop_state_weak"
+    out = runner.invoke(app, ["eval", "--ckpt", str(robot), "--suite", "text/addition", "--out", str(tmp_path)])
+    assert out.exit_code == 2 and "not a causal-LM config" in out.output
+
+
+@pytest.mark.parametrize("recipe", ["debug_text_grpo", "debug_text_dpo"])
+def test_text_rl_recipes_run_resume_exactly_and_export(recipe: str, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    straight = tmp_path / "a"
+    result = launch(
+        recipe, [f"output.dir={straight}", "output.tensorboard=false", "train.progress=false"], log=lambda _: None
+    )
+    assert result.finished and result.final_dir is not None
+    rows = _records(straight)
+    assert len(rows) == 2 and all("loss" in r for r in rows), rows
+    killed = tmp_path / "b"
+    overrides = [f"output.dir={killed}", "output.tensorboard=false", "train.progress=false"]
+    name, config = load_train_recipe(recipe, overrides)
+    runner_fn = (
+        run_text_grpo
+        if name == "text_grpo"
+        else __import__("cosmos_robot_trainers.text.dpo", fromlist=["run_text_dpo"]).run_text_dpo
+    )
+    runner_fn(config, stop_at_step=1, log=lambda _: None)
+    assert runner_fn(config, log=lambda _: None).resumed_from == 1
+    assert _records(killed) == rows
+    AutoModelForCausalLM.from_pretrained(result.final_dir, local_files_only=True)
+    if name == "text_grpo":
+        assert rows[0]["logprob_gap_max"] < 1e-4 and abs(rows[0]["tis_mean"] - 1.0) < 1e-4
+        assert rows[0]["kl_ref"] == 0.0  # the first update starts at the reference
+
+
+def test_shuffled_rewards_keep_their_values_but_not_their_owners(tmp_path: Path) -> None:
+    from cosmos_robot.text.engines import Completion
+
+    comps = [[Completion([1], [2], [0.0], True, str(i)) for i in range(4)] for _ in range(2)]
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 0.0])
+    pairs = sampled_pairs(comps, rewards, per_prompt=10, generator=torch.Generator().manual_seed(0))
+    # group 0: 1 > 0.5 > 0 = 0 gives 5 ordered pairs; group 1 is unanimous: none
+    assert len(pairs) == 5 and all(w.text != lo.text for w, lo in pairs)
+    a = launch(
+        "debug_text_grpo",
+        [f"output.dir={tmp_path / 'a'}", "train.steps=1", "output.tensorboard=false", "train.progress=false"],
+        log=lambda _: None,
+    )
+    b = launch(
+        "debug_text_grpo",
+        [
+            f"output.dir={tmp_path / 'b'}",
+            "train.steps=1",
+            "reward.shuffle=true",
+            "output.tensorboard=false",
+            "train.progress=false",
+        ],
+        log=lambda _: None,
+    )
+    ra, rb = _records(a.out_dir)[0], _records(b.out_dir)[0]
+    assert ra["reward_mean"] == rb["reward_mean"]  # the same samples and the same true rewards
+    assert ra["loss"] != rb["loss"]  # trained on permuted rewards
+
+
+def test_dpo_pairs_file_errors_name_the_line(tmp_path: Path) -> None:
+    from cosmos_robot.text.tiny import char_tokenizer
+
+    tok = char_tokenizer("arithmetic")
+    path = tmp_path / "pairs.jsonl"
+    path.write_text(json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"}) + "\n" + json.dumps({"prompt": "x"}))
+    with pytest.raises(ValueError, match=r"pairs.jsonl:2: missing 'chosen'"):
+        load_pairs(path, tok, tok.eos_token_id)
+    path.write_text(json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"}) + "\n")
+    ((chosen, rejected),) = load_pairs(path, tok, tok.eos_token_id)
+    assert tok.decode(chosen.ids) == "2<|im_end|>" and chosen.prompt_ids == rejected.prompt_ids
+
+
+def test_export_of_a_text_run_checkpoint_is_an_hf_folder(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from cosmos_robot_exporters.base import export_checkpoint
+
+    run = tmp_path / "run"
+    result = run_text_sft(_config("debug_text_sft", run), log=lambda _: None)
+    out = export_checkpoint(run / "checkpoints" / "step_000010", tmp_path / "hf")
+    assert out.family == "hf_causal_lm" and (tmp_path / "hf" / "manifest.json").is_file()
+    ten = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True)
+    final = AutoModelForCausalLM.from_pretrained(result.final_dir, local_files_only=True)
+    w10 = dict(ten.named_parameters())["model.norm.weight"]
+    assert not torch.equal(w10, dict(final.named_parameters())["model.norm.weight"])  # step 10, not step 20

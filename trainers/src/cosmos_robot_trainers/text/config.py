@@ -1,0 +1,253 @@
+"""Recipes of the text trainers (``text_sft``, and the text RL trainers that share these tables).
+
+The tables mirror the robot trainers' (``init``, ``[optim]``, ``[train]``, ``[eval]``, ``[output]``)
+so a recipe reads the same whichever kind of policy it trains; what is text-specific is where the
+model comes from (an HF folder, or ``tiny:<model_type>`` built from ``[model]``), where the
+conversations come from (a generated task or a JSONL file) and how they are batched (packing).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from cosmos_robot.config import StrictModel
+from cosmos_robot_trainers.common.output import OutputConfig
+from cosmos_robot_trainers.sft.config import OptimConfig
+
+__all__ = [
+    "RUNTIME_FIELDS",
+    "TextDataConfig",
+    "TextEvalConfig",
+    "TextSFTConfig",
+    "TextTrainConfig",
+    "TinyLMConfig",
+]
+
+TINY_PREFIX = "tiny:"
+TINY_INIT = "tiny:hf_causal_lm"  # a random model built from the recipe's [model] table
+
+
+class TinyLMConfig(StrictModel):
+    """The architecture of a ``tiny:hf_causal_lm`` model (random init, character tokenizer)."""
+
+    model_type: Literal["qwen3", "qwen2", "qwen3_moe"] = "qwen3"
+    hidden: int = Field(default=64, ge=8)
+    layers: int = Field(default=2, ge=1)
+    heads: int = Field(default=4, ge=1)
+    kv_heads: int = Field(default=2, ge=1)
+    intermediate: int = Field(default=128, ge=8)
+    experts: int = Field(default=4, ge=2)  # qwen3_moe only
+    max_positions: int = Field(default=512, ge=16)
+    alphabet: str = "printable"  # the character tokenizer's alphabet: "printable", "arithmetic" or the characters
+    seed: int = 0  # initialisation seed
+
+
+class TextDataConfig(StrictModel):
+    """Conversations to train on: generated from a text task, or read from a JSONL file."""
+
+    task: str | None = "addition"  # a text task (cosmos_robot.text.tasks): its train split's prompts + solutions
+    path: str | None = None  # or a JSONL file, one {"messages": [{"role", "content"}, ...]} per line
+    examples: int = Field(default=4000, ge=1)  # conversations drawn from the task (ignored for `path`)
+    seed: int = 0  # which train-split problems the task draws
+    max_length: int = Field(default=512, ge=8)  # tokens per conversation (longer ones are truncated and counted)
+    packing: bool = True  # best-fit-decreasing packing into rows of `pack_length` tokens
+    pack_length: int = Field(default=512, ge=8)  # tokens per packed row
+
+    @model_validator(mode="after")
+    def _one_source(self) -> TextDataConfig:
+        if (self.task is None) == (self.path is None):
+            raise ValueError("give exactly one of data.task (a generated text task) or data.path (a JSONL file)")
+        if self.packing and self.pack_length < self.max_length:
+            raise ValueError(f"data.pack_length ({self.pack_length}) must be >= data.max_length ({self.max_length})")
+        return self
+
+
+class TextTrainConfig(StrictModel):
+    """Length, batching, seeding, precision and cadence."""
+
+    steps: int = Field(default=1000, ge=1)  # optimizer steps
+    batch_size: int = Field(default=8, ge=1)  # rows per step (packed rows, or conversations without packing)
+    seed: int = 0
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    log_every: int = Field(default=50, ge=1)
+    ckpt_every: int = Field(default=500, ge=1)  # a multiple of log_every
+    keep_checkpoints: int = Field(default=2, ge=1)
+    device: str = "cpu"
+    num_threads: int | None = Field(default=2, ge=1)
+    deterministic: bool = True
+    max_wall_minutes: float | None = Field(default=None, gt=0)
+    progress: bool = True
+
+    @model_validator(mode="after")
+    def _cadence(self) -> TextTrainConfig:
+        if self.ckpt_every % self.log_every:
+            raise ValueError(
+                f"train.ckpt_every ({self.ckpt_every}) must be a multiple of train.log_every ({self.log_every})"
+            )
+        return self
+
+
+class TextEvalConfig(StrictModel):
+    """Held-out exact-answer accuracy during and after training (greedy, the eval command's numbers)."""
+
+    task: str | None = None  # default: data.task
+    every: int = Field(default=0, ge=0)  # steps between evaluations (0: none during training)
+    initial: bool = False
+    final: bool = True
+    prompts: int = Field(default=500, ge=1)  # held-out prompts per evaluation
+    seed: int = 0
+    max_new_tokens: int = Field(default=16, ge=1)
+
+
+class TextSFTConfig(StrictModel):
+    """Conversation SFT of an HF causal LM: assistant-only loss, packing, exact resume."""
+
+    trainer: Literal["text_sft"] = "text_sft"
+    name: str = "text_sft"
+    init: str  # an HF causal-LM folder, or tiny:hf_causal_lm (a random model built from [model])
+    model: TinyLMConfig = Field(default_factory=lambda: TinyLMConfig())
+    data: TextDataConfig = Field(default_factory=lambda: TextDataConfig())
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig())
+    train: TextTrainConfig = Field(default_factory=lambda: TextTrainConfig())
+    eval: TextEvalConfig = Field(default_factory=lambda: TextEvalConfig())
+    output: OutputConfig
+
+    @model_validator(mode="after")
+    def _model_only_for_tiny(self) -> TextSFTConfig:
+        if "model" in self.model_fields_set and self.init != TINY_INIT:
+            raise ValueError(f"a [model] table builds a {TINY_INIT} model; an HF folder `init` keeps its own")
+        return self
+
+
+RUNTIME_FIELDS = frozenset(
+    {
+        "name",
+        "train.log_every",
+        "train.ckpt_every",
+        "train.keep_checkpoints",
+        "train.max_wall_minutes",
+        "train.progress",
+        "output",
+        "eval",
+    }
+)
+
+
+def eval_task(config: Any) -> str | None:
+    """The task evaluated in training: ``eval.task``, else ``data.task``."""
+    return config.eval.task or config.data.task
+
+
+class TextRolloutConfig(StrictModel):
+    """How completions are sampled: engine, group size, prompts per iteration, sampling parameters."""
+
+    engine: Literal["transformers"] = "transformers"  # transformers' continuous batching (the embedded default)
+    prompts_per_iter: int = Field(default=16, ge=1)  # distinct prompts per iteration
+    group_size: int = Field(default=8, ge=2)  # completions per prompt (G)
+    max_new_tokens: int = Field(default=16, ge=1)
+    temperature: float = Field(default=1.0, gt=0)  # the trainer scores log-probs at the same temperature
+    top_p: float = Field(default=1.0, gt=0, le=1)
+
+
+class TextRewardConfig(StrictModel):
+    """Where rewards come from; ``shuffle`` is the control run (rewards permuted across the batch)."""
+
+    name: str | None = None  # a registered scorer (exact_match, gsm8k, countdown, ...) or an http(s):// service
+    timeout_s: float = Field(default=30.0, gt=0)  # reward service timeout per batch
+    shuffle: bool = False  # control: permute rewards across the iteration's completions (no signal left)
+
+
+class TextAlgoConfig(StrictModel):
+    """GRPO family: advantage estimator, policy loss, aggregation, clipping, filters, KL, IS correction.
+
+    GRPO: advantage "grpo", loss "ppo", loss_agg "seq_mean_token_mean". Dr-GRPO: "dr_grpo" +
+    "seq_mean_token_sum_norm" (normaliser max_new_tokens). DAPO: "token_mean", clip_high 0.28,
+    overlong_filter. GSPO: loss "gspo" (sequence ratio, clip 3e-4 / 4e-4).
+    """
+
+    advantage: Literal["grpo", "dr_grpo"] = "grpo"
+    std_eps: float = Field(default=1e-4, gt=0)  # GRPO's std epsilon (TRL 1e-4)
+    policy_loss: Literal["ppo", "gspo"] = "ppo"
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"] = "seq_mean_token_mean"
+    clip: float = Field(default=0.2, gt=0)  # PPO clip (lower side)
+    clip_high: float | None = Field(default=None, gt=0)  # DAPO clip-higher (None: = clip)
+    dual_clip: float | None = Field(default=None, gt=1)  # verl's clip_ratio_c (None: off, as TRL)
+    gspo_clip_low: float = Field(default=3e-4, gt=0)
+    gspo_clip_high: float = Field(default=4e-4, gt=0)
+    filter_groups: bool = True  # drop groups whose rewards are all equal (zero advantage, only dilute)
+    overlong_filter: bool = False  # DAPO: completions cut at max_new_tokens do not train
+    kl_coef: float = Field(default=0.0, ge=0)  # k3 KL to the frozen initial model (0: no reference loaded)
+    tis_cap: float | None = Field(default=2.0, gt=0)  # truncated IS weight min(exp(logp_old - logp_engine), cap)
+
+
+class TextRLOptimConfig(OptimConfig):
+    """AdamW + schedule, and how each iteration's completions are split into updates."""
+
+    epochs: int = Field(default=1, ge=1)  # passes over each iteration's completions (mu)
+    minibatch_size: int = Field(default=64, ge=1)  # completions per optimizer step
+
+
+class TextRLTrainConfig(TextTrainConfig):
+    steps: int = Field(default=100, ge=1)  # iterations (rollout + update), named steps like every trainer's
+    ckpt_every: int = Field(default=10, ge=1)
+    log_every: int = Field(default=1, ge=1)
+
+
+class TextGRPOConfig(StrictModel):
+    """Online GRPO-family RL of an HF causal LM on a text task with a reward provider."""
+
+    trainer: Literal["text_grpo"] = "text_grpo"
+    name: str = "text_grpo"
+    init: str  # an HF causal-LM folder (e.g. a text_sft run's final/) or tiny:hf_causal_lm
+    model: TinyLMConfig = Field(default_factory=lambda: TinyLMConfig())
+    data: TextDataConfig = Field(default_factory=lambda: TextDataConfig())
+    rollout: TextRolloutConfig = Field(default_factory=lambda: TextRolloutConfig())
+    reward: TextRewardConfig = Field(default_factory=lambda: TextRewardConfig())
+    algo: TextAlgoConfig = Field(default_factory=lambda: TextAlgoConfig())
+    optim: TextRLOptimConfig = Field(
+        default_factory=lambda: TextRLOptimConfig(lr=1e-6, warmup_steps=0, schedule="constant")
+    )
+    train: TextRLTrainConfig = Field(default_factory=lambda: TextRLTrainConfig())
+    eval: TextEvalConfig = Field(default_factory=lambda: TextEvalConfig())
+    output: OutputConfig
+
+    @model_validator(mode="after")
+    def _checks(self) -> TextGRPOConfig:
+        if self.data.task is None:
+            raise ValueError("text_grpo samples prompts from a text task: set data.task")
+        return self
+
+
+class TextDPOAlgoConfig(StrictModel):
+    """DPO: loss form, beta, and how pairs are made from sampled groups."""
+
+    loss: Literal["sigmoid", "ipo"] = "sigmoid"
+    beta: float = Field(default=0.1, gt=0)
+    pairs_per_prompt: int = Field(default=2, ge=1)  # (higher-reward, lower-reward) pairs drawn per sampled group
+
+
+class TextDPOConfig(StrictModel):
+    """DPO of an HF causal LM against its frozen initial model.
+
+    Pairs come from ``data.path`` (JSONL lines ``{"prompt": [messages] | "text", "chosen": "...",
+    "rejected": "..."}``, offline) or, with ``data.task``, from the policy's own samples: each
+    iteration samples groups like GRPO and pairs a higher-reward completion with a lower-reward one
+    of the same prompt (online / iterative DPO; TRL's OnlineDPOTrainer with a rule-based judge).
+    """
+
+    trainer: Literal["text_dpo"] = "text_dpo"
+    name: str = "text_dpo"
+    init: str
+    model: TinyLMConfig = Field(default_factory=lambda: TinyLMConfig())
+    data: TextDataConfig = Field(default_factory=lambda: TextDataConfig())
+    rollout: TextRolloutConfig = Field(default_factory=lambda: TextRolloutConfig())
+    reward: TextRewardConfig = Field(default_factory=lambda: TextRewardConfig())
+    algo: TextDPOAlgoConfig = Field(default_factory=lambda: TextDPOAlgoConfig())
+    optim: TextRLOptimConfig = Field(
+        default_factory=lambda: TextRLOptimConfig(lr=1e-6, warmup_steps=0, schedule="constant")
+    )
+    train: TextRLTrainConfig = Field(default_factory=lambda: TextRLTrainConfig())
+    eval: TextEvalConfig = Field(default_factory=lambda: TextEvalConfig())
+    output: OutputConfig

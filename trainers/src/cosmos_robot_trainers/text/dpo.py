@@ -1,0 +1,216 @@
+"""DPO (sigmoid, IPO) for HF causal LMs: offline preference pairs, or pairs from the policy's own samples.
+
+Sequence log-prob = the SUM of the completion tokens' log-probs (TRL's DPO); IPO uses the mean
+(length-normalised, as TRL does for ``loss_type="ipo"``). The reference is the frozen initial model.
+
+With ``data.task`` each iteration samples ``group_size`` completions for each of
+``prompts_per_iter`` prompts from the current policy (the GRPO rollout), scores them, and pairs a
+higher-reward completion with a lower-reward one of the same prompt: the same-state pairing DPO
+needs (both members answer the same prompt). ``reward.shuffle`` permutes the rewards first, the
+control that must not learn. With ``data.path`` the pairs are read once from JSONL and cycled.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cosmos_robot.text.chat import prompt_ids
+from cosmos_robot.text.engines import Completion, make_engine
+from cosmos_robot_trainers.algorithms import get as get_algorithm
+from cosmos_robot_trainers.common import (
+    EpochBatchSampler,
+    MetricsLogger,
+    TrainProgress,
+    configure_torch,
+    seed_everything,
+)
+from cosmos_robot_trainers.common import rundir as _rundir
+from cosmos_robot_trainers.sft.optim import build_optimizer
+from cosmos_robot_trainers.text.config import RUNTIME_FIELDS, TextDPOConfig
+from cosmos_robot_trainers.text.grpo import TextGRPOResult, completion_batch, sample_groups, sequence_log_probs
+from cosmos_robot_trainers.text.sft import load_lm
+from cosmos_robot_trainers.text.state import evaluate_config, finish_run, restore_text_state, save_text_state
+
+__all__ = ["dpo_update", "load_pairs", "pair_log_probs", "run_text_dpo", "sampled_pairs"]
+
+
+def load_pairs(path: Path, tokenizer: Any, stop_id: int) -> list[tuple[Completion, Completion]]:
+    """(chosen, rejected) completions of each JSONL line; errors name the line and field."""
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path: {path} does not exist")
+    pairs = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc})") from exc
+        for key in ("prompt", "chosen", "rejected"):
+            if key not in row:
+                raise ValueError(f"{path}:{n}: missing {key!r} (a pair has prompt, chosen, rejected)")
+        prompt = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": str(row["prompt"])}]
+        ids = prompt_ids(tokenizer, prompt, where=f"{path}:{n}")
+        made = []
+        for key in ("chosen", "rejected"):
+            if not isinstance(row[key], str):
+                raise ValueError(f"{path}:{n}: {key!r} must be a string")
+            toks = list(tokenizer.encode(row[key], add_special_tokens=False)) + [stop_id]
+            made.append(Completion(ids, toks, [0.0] * len(toks), True, row[key]))
+        pairs.append((made[0], made[1]))
+    if not pairs:
+        raise ValueError(f"data.path: {path} has no pairs")
+    return pairs
+
+
+def sampled_pairs(
+    groups: list[list[Completion]], rewards: torch.Tensor, per_prompt: int, generator: torch.Generator
+) -> list[tuple[Completion, Completion]]:
+    """Up to ``per_prompt`` (higher, lower reward) pairs within each group, drawn at random."""
+    out: list[tuple[Completion, Completion]] = []
+    k = len(groups[0]) if groups else 0
+    for i, group in enumerate(groups):
+        r = rewards[i * k : (i + 1) * k]
+        options = [(a, b) for a in range(k) for b in range(k) if r[a] > r[b]]
+        order = torch.randperm(len(options), generator=generator)[:per_prompt].tolist()
+        out.extend((group[options[j][0]], group[options[j][1]]) for j in order)
+    return out
+
+
+def pair_log_probs(
+    model: Any, pairs: list[tuple[Completion, Completion]], pad_id: int, temperature: float, mean: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequence log-probs (P,) of the chosen and rejected completions (sum, or mean for IPO)."""
+    batch = completion_batch([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
+    lp = sequence_log_probs(model, batch, temperature).sum(1)
+    if mean:
+        lp = lp / batch.mask.sum(1).clamp(min=1)
+    p = len(pairs)
+    return lp[:p], lp[p:]
+
+
+def dpo_update(
+    config: TextDPOConfig,
+    lm: Any,
+    ref: Any,
+    optimizer: Any,
+    pairs: list[tuple[Completion, Completion]],
+    generator: torch.Generator,
+) -> dict[str, float]:
+    """``epochs`` passes of minibatch DPO steps over ``pairs``; the mean metrics."""
+    algo, ocfg, rcfg = config.algo, config.optim, config.rollout
+    mean = algo.loss == "ipo"
+    with torch.no_grad():
+        ref_c, ref_r = pair_log_probs(ref, pairs, lm.pad_id, rcfg.temperature, mean)
+    sums: dict[str, float] = {}
+    n = 0
+    for _ in range(ocfg.epochs):
+        order = torch.randperm(len(pairs), generator=generator).tolist()
+        for s in range(0, len(pairs), ocfg.minibatch_size):
+            mb = order[s : s + ocfg.minibatch_size]
+            pc, pr = pair_log_probs(lm.model, [pairs[i] for i in mb], lm.pad_id, rcfg.temperature, mean)
+            loss, m = get_algorithm("loss", "dpo")(pc, pr, ref_c[mb], ref_r[mb], algo.beta, algo.loss)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(lm.model.parameters(), ocfg.grad_clip or float("inf"))
+            optimizer.step()
+            n += 1
+            for k, v in {"loss": loss.detach(), "grad_norm": gnorm, **m}.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+    return {k: v / max(n, 1) for k, v in sums.items()}
+
+
+def run_text_dpo(
+    config: TextDPOConfig,
+    *,
+    resume: bool = True,
+    overwrite: bool = False,
+    stop_at_step: int | None = None,
+    log: Callable[[str], None] = print,
+) -> TextGRPOResult:
+    """Run (or continue) the recipe; returns the same result object as the GRPO trainer."""
+    out = Path(config.output.dir)
+    ckpt_path = _rundir.prepare_run_dir(config, out, RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
+    tcfg, rcfg, algo, ocfg = config.train, config.rollout, config.algo, config.optim
+    configure_torch(tcfg.num_threads, tcfg.deterministic)
+    seed_everything(tcfg.seed)
+    lm = load_lm(config.init, config.model, tcfg.dtype, tcfg.device)
+    ref = load_lm(config.init, config.model, tcfg.dtype, tcfg.device).model.eval().requires_grad_(False)
+    lm.model.train()
+    optimizer, scheduler = build_optimizer(lm.model, ocfg, tcfg.steps)
+    engine = make_engine(rcfg.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
+    offline = load_pairs(Path(str(config.data.path)), lm.tokenizer, lm.stop_ids[0]) if config.data.path else None
+    sampler = EpochBatchSampler(len(offline), min(rcfg.prompts_per_iter, len(offline)), tcfg.seed) if offline else None
+    start, prior_wall = 0, 0.0
+    if ckpt_path is not None:
+        start, saved = restore_text_state(ckpt_path, lm.model, optimizer, scheduler)
+        prior_wall = float(saved.get("train_wall_s", 0.0))
+        if sampler is not None:
+            sampler.load_state_dict(saved["sampler"])
+        log(f"resuming from {ckpt_path} (iteration {start})")
+    source = f"{len(offline)} pairs from {config.data.path}" if offline else f"pairs sampled from {config.data.task}"
+    log(
+        f"text_dpo ({algo.loss}, beta {algo.beta}): {source}; {tcfg.steps} iterations"
+        f"{', shuffled rewards (control)' if config.reward.shuffle else ''}"
+    )
+    logger = MetricsLogger(out, resume_step=start, tensorboard=config.output.tensorboard)
+    if start == 0 and config.eval.initial:
+        acc = evaluate_config(lm, config)
+        if acc is not None:
+            logger.log(0, {"eval_accuracy": acc})
+            log(f"initial eval: {100 * acc:.1f}% exact")
+    stop = min(tcfg.steps, stop_at_step) if stop_at_step is not None else tcfg.steps
+    t0 = time.perf_counter()
+    step, last = start, {}
+    stopped_by_clock = False
+    try:
+        with TrainProgress(tcfg.steps, start, config.name, enabled=tcfg.progress, unit="iteration") as bar:
+            while step < stop:
+                t_it = time.perf_counter()
+                g = torch.Generator().manual_seed(tcfg.seed * 7919 + step)
+                metrics: dict[str, float] = {}
+                if offline is not None and sampler is not None:
+                    pairs = [offline[i] for i in sampler.next_indices().tolist()]
+                else:
+                    sampled = sample_groups(config, lm, engine, step)
+                    metrics.update(sampled.metrics)
+                    pairs = sampled_pairs(sampled.groups, sampled.rewards, algo.pairs_per_prompt, g)
+                metrics["pairs"] = float(len(pairs))
+                if pairs:
+                    metrics.update(dpo_update(config, lm, ref, optimizer, pairs, g))
+                    engine.sync_weights(lm.model)
+                scheduler.step()
+                step += 1
+                metrics["iter_wall_s"] = time.perf_counter() - t_it
+                if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps:
+                    acc = evaluate_config(lm, config)
+                    if acc is not None:
+                        metrics["eval_accuracy"] = acc
+                last = metrics
+                if step % tcfg.log_every == 0 or step == stop:
+                    logger.log(step, last)
+                    bar.update(step, {k: last[k] for k in ("reward_mean", "loss", "eval_accuracy") if k in last})
+                if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+                    extra: dict[str, Any] = {"train_wall_s": prior_wall + time.perf_counter() - t0}
+                    if sampler is not None:
+                        extra["sampler"] = sampler.state_dict()
+                    save_text_state(out, step, lm.model, optimizer, scheduler, extra, tcfg.keep_checkpoints)
+                if tcfg.max_wall_minutes and prior_wall + time.perf_counter() - t0 > 60 * tcfg.max_wall_minutes:
+                    stopped_by_clock = step < stop
+                    log(f"train.max_wall_minutes reached after iteration {step}; exporting what we have")
+                    break
+    finally:
+        logger.close()
+    result = TextGRPOResult(
+        out, step, step >= tcfg.steps, start if ckpt_path else None, None, time.perf_counter() - t0, last
+    )
+    if result.finished or stopped_by_clock:
+        source = f"text_dpo:{config.name}:iter{step}"
+        result.final_dir, result.eval_accuracy = finish_run(lm, config, step, source, log)
+    return result

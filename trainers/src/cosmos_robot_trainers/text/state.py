@@ -1,0 +1,97 @@
+"""Checkpoint, resume and export of a text trainer's state (shared by text SFT, GRPO and DPO).
+
+Everything that decides the next step is saved: the model, AdamW, the schedule, the trainer's own
+state (sampler position, iteration counters) and every RNG, so a killed and resumed run logs the
+same numbers as an uninterrupted one. ``export_lm`` writes ``final/`` as an HF folder with a
+manifest (staged, then swapped in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cosmos_robot.text.hf import CausalLM, save_causal_lm
+from cosmos_robot.text.tasks import task_examples
+from cosmos_robot_trainers.common import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from cosmos_robot_trainers.common.rundir import CHECKPOINTS
+from cosmos_robot_trainers.text.config import eval_task
+
+__all__ = ["evaluate_config", "export_lm", "finish_run", "restore_text_state", "save_text_state"]
+
+
+def save_text_state(
+    out: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    extra: dict[str, Any],
+    keep: int,
+    info: dict[str, Any] | None = None,
+) -> Path:
+    state = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": capture_rng_state(),
+        **extra,
+    }
+    return save_checkpoint(out / CHECKPOINTS, step, model.state_dict(), state, info=info, keep_last=keep)
+
+
+def restore_text_state(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> tuple[int, dict[str, Any]]:
+    """Load ``path`` into the objects; ``(step, the whole saved state)`` for the trainer's own fields."""
+    ck = load_checkpoint(path)
+    model.load_state_dict(ck.model)
+    optimizer.load_state_dict(ck.state["optimizer"])
+    scheduler.load_state_dict(ck.state["scheduler"])
+    restore_rng_state(ck.state["rng"])
+    return ck.step, ck.state
+
+
+def export_lm(lm: CausalLM, out: Path, source: str) -> Path:
+    """The model as an HF folder with a manifest (staged, then swapped in)."""
+    from cosmos_robot.manifest import staged_folder
+
+    info = {"source": source, "target": "hf_causal_lm", "family": "hf_causal_lm"}
+    with staged_folder(out, info) as tmp:
+        save_causal_lm(lm, tmp)
+    return out
+
+
+def finish_run(
+    lm: CausalLM, config: Any, step: int, source: str, log: Callable[[str], None]
+) -> tuple[Path, float | None]:
+    """Export ``final/``, evaluate it (``eval.final``; logged as the final point) and plot the curve."""
+    from cosmos_robot_trainers.common import MetricsLogger
+
+    out = Path(config.output.dir)
+    final = export_lm(lm, out / "final", source)
+    log(f"final model: {final}")
+    accuracy = evaluate_config(lm, config) if config.eval.final else None
+    if accuracy is not None:
+        with MetricsLogger(out, resume_step=step, tensorboard=config.output.tensorboard) as final_log:
+            final_log.log(step, {"eval_accuracy": accuracy, "final_eval": 1})
+        log(f"final eval: {100 * accuracy:.1f}% exact on {config.eval.prompts} held-out prompts")
+    if config.output.plot:
+        from cosmos_robot_trainers.common.plot import plot_learning_curve
+
+        plot_learning_curve(out, keys=("loss", "reward_mean", "train_accuracy", "eval_accuracy"))
+    return final, accuracy
+
+
+def evaluate_config(lm: CausalLM, config: Any) -> float | None:
+    """Greedy exact accuracy on the recipe's held-out prompts (``[eval]``; the task defaults to ``data.task``)."""
+    from cosmos_robot.text.evaluate import evaluate_lm
+
+    task = eval_task(config)
+    if task is None:
+        return None
+    ecfg = config.eval
+    rows = evaluate_lm(lm, task_examples(task, "eval", ecfg.prompts, ecfg.seed), max_new_tokens=ecfg.max_new_tokens)
+    return sum(r["success"] for r in rows) / len(rows)
