@@ -13,7 +13,6 @@ control that must not learn. With ``data.path`` the pairs are read once from JSO
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,19 +22,10 @@ import torch
 from cosmos_robot.text.chat import prompt_ids
 from cosmos_robot.text.engines import Completion, make_engine
 from cosmos_robot_trainers.algorithms import get as get_algorithm
-from cosmos_robot_trainers.common import (
-    EpochBatchSampler,
-    MetricsLogger,
-    TrainProgress,
-    configure_torch,
-    seed_everything,
-)
-from cosmos_robot_trainers.common import rundir as _rundir
-from cosmos_robot_trainers.sft.optim import build_optimizer
-from cosmos_robot_trainers.text.config import RUNTIME_FIELDS, TextDPOConfig
-from cosmos_robot_trainers.text.grpo import TextGRPOResult, completion_batch, sample_groups, sequence_log_probs
-from cosmos_robot_trainers.text.sft import load_lm
-from cosmos_robot_trainers.text.state import evaluate_config, finish_run, restore_text_state, save_text_state
+from cosmos_robot_trainers.common import EpochBatchSampler
+from cosmos_robot_trainers.text.config import TextDPOConfig
+from cosmos_robot_trainers.text.driver import TextResult, TextRun, clip_and_step
+from cosmos_robot_trainers.text.grpo import completion_batch, sample_groups, sequence_log_probs
 
 __all__ = ["dpo_update", "load_pairs", "pair_log_probs", "run_text_dpo", "sampled_pairs"]
 
@@ -116,13 +106,14 @@ def dpo_update(
             mb = order[s : s + ocfg.minibatch_size]
             pc, pr = pair_log_probs(lm.model, [pairs[i] for i in mb], lm.pad_id, rcfg.temperature, mean)
             loss, m = get_algorithm("loss", "dpo")(pc, pr, ref_c[mb], ref_r[mb], algo.beta, algo.loss)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(lm.model.parameters(), ocfg.grad_clip or float("inf"))
-            optimizer.step()
+            gnorm = clip_and_step(lm.model, loss, optimizer, ocfg.grad_clip)
             n += 1
-            for k, v in {"loss": loss.detach(), "grad_norm": gnorm, **m}.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
+            for k, v in {
+                "loss": float(loss.detach()),
+                "grad_norm": gnorm,
+                **{k: float(x) for k, x in m.items()},
+            }.items():
+                sums[k] = sums.get(k, 0.0) + v
     return {k: v / max(n, 1) for k, v in sums.items()}
 
 
@@ -133,84 +124,43 @@ def run_text_dpo(
     overwrite: bool = False,
     stop_at_step: int | None = None,
     log: Callable[[str], None] = print,
-) -> TextGRPOResult:
-    """Run (or continue) the recipe; returns the same result object as the GRPO trainer."""
-    out = Path(config.output.dir)
-    ckpt_path = _rundir.prepare_run_dir(config, out, RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
-    tcfg, rcfg, algo, ocfg = config.train, config.rollout, config.algo, config.optim
-    configure_torch(tcfg.num_threads, tcfg.deterministic)
-    seed_everything(tcfg.seed)
-    lm = load_lm(config.init, config.model, tcfg.dtype, tcfg.device)
-    ref = load_lm(config.init, config.model, tcfg.dtype, tcfg.device).model.eval().requires_grad_(False)
-    lm.model.train()
-    optimizer, scheduler = build_optimizer(lm.model, ocfg, tcfg.steps)
+) -> TextResult:
+    """Run (or continue) the recipe; ``stop_at_step`` stops as a kill would (tests of exact resume)."""
+    run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
+    lm, algo, rcfg = run.lm, config.algo, config.rollout
+    ref = run.reference()
     engine = make_engine(rcfg.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
     offline = load_pairs(Path(str(config.data.path)), lm.tokenizer, lm.stop_ids[0]) if config.data.path else None
-    sampler = EpochBatchSampler(len(offline), min(rcfg.prompts_per_iter, len(offline)), tcfg.seed) if offline else None
-    start, prior_wall = 0, 0.0
-    if ckpt_path is not None:
-        start, saved = restore_text_state(ckpt_path, lm.model, optimizer, scheduler)
-        prior_wall = float(saved.get("train_wall_s", 0.0))
-        if sampler is not None:
-            sampler.load_state_dict(saved["sampler"])
-        log(f"resuming from {ckpt_path} (iteration {start})")
+    sampler = (
+        EpochBatchSampler(len(offline), min(rcfg.prompts_per_iter, len(offline)), config.train.seed)
+        if offline
+        else None
+    )
+    run.restore(lambda saved: sampler.load_state_dict(saved["sampler"]) if sampler is not None else None)
     source = f"{len(offline)} pairs from {config.data.path}" if offline else f"pairs sampled from {config.data.task}"
-    log(
-        f"text_dpo ({algo.loss}, beta {algo.beta}): {source}; {tcfg.steps} iterations"
-        f"{', shuffled rewards (control)' if config.reward.shuffle else ''}"
+    control = ", shuffled rewards (control)" if config.reward.shuffle else ""
+    log(f"text_dpo ({algo.loss}, beta {algo.beta}): {source}; {config.train.steps} iterations{control}")
+
+    def iteration(it: int) -> dict[str, float]:
+        g = torch.Generator().manual_seed(config.train.seed * 7919 + it)
+        metrics: dict[str, float] = {}
+        if offline is not None and sampler is not None:
+            pairs = [offline[i] for i in sampler.next_indices().tolist()]
+        else:
+            sampled = sample_groups(config, lm, engine, it)
+            metrics.update(sampled.metrics)
+            pairs = sampled_pairs(sampled.groups, sampled.rewards, algo.pairs_per_prompt, g)
+        metrics["pairs"] = float(len(pairs))
+        if pairs:
+            metrics.update(dpo_update(config, lm, ref, run.optimizer, pairs, g))
+            engine.sync_weights(lm.model)
+        return metrics
+
+    return run.loop(
+        iteration,
+        kind="text_dpo",
+        save_extra=(lambda: {"sampler": sampler.state_dict()}) if sampler is not None else None,
+        stop_at_step=stop_at_step,
+        unit="iteration",
+        show=("reward_mean", "loss", "eval_accuracy"),
     )
-    logger = MetricsLogger(out, resume_step=start, tensorboard=config.output.tensorboard)
-    if start == 0 and config.eval.initial:
-        acc = evaluate_config(lm, config)
-        if acc is not None:
-            logger.log(0, {"eval_accuracy": acc})
-            log(f"initial eval: {100 * acc:.1f}% exact")
-    stop = min(tcfg.steps, stop_at_step) if stop_at_step is not None else tcfg.steps
-    t0 = time.perf_counter()
-    step, last = start, {}
-    stopped_by_clock = False
-    try:
-        with TrainProgress(tcfg.steps, start, config.name, enabled=tcfg.progress, unit="iteration") as bar:
-            while step < stop:
-                t_it = time.perf_counter()
-                g = torch.Generator().manual_seed(tcfg.seed * 7919 + step)
-                metrics: dict[str, float] = {}
-                if offline is not None and sampler is not None:
-                    pairs = [offline[i] for i in sampler.next_indices().tolist()]
-                else:
-                    sampled = sample_groups(config, lm, engine, step)
-                    metrics.update(sampled.metrics)
-                    pairs = sampled_pairs(sampled.groups, sampled.rewards, algo.pairs_per_prompt, g)
-                metrics["pairs"] = float(len(pairs))
-                if pairs:
-                    metrics.update(dpo_update(config, lm, ref, optimizer, pairs, g))
-                    engine.sync_weights(lm.model)
-                scheduler.step()
-                step += 1
-                metrics["iter_wall_s"] = time.perf_counter() - t_it
-                if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps:
-                    acc = evaluate_config(lm, config)
-                    if acc is not None:
-                        metrics["eval_accuracy"] = acc
-                last = metrics
-                if step % tcfg.log_every == 0 or step == stop:
-                    logger.log(step, last)
-                    bar.update(step, {k: last[k] for k in ("reward_mean", "loss", "eval_accuracy") if k in last})
-                if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
-                    extra: dict[str, Any] = {"train_wall_s": prior_wall + time.perf_counter() - t0}
-                    if sampler is not None:
-                        extra["sampler"] = sampler.state_dict()
-                    save_text_state(out, step, lm.model, optimizer, scheduler, extra, tcfg.keep_checkpoints)
-                if tcfg.max_wall_minutes and prior_wall + time.perf_counter() - t0 > 60 * tcfg.max_wall_minutes:
-                    stopped_by_clock = step < stop
-                    log(f"train.max_wall_minutes reached after iteration {step}; exporting what we have")
-                    break
-    finally:
-        logger.close()
-    result = TextGRPOResult(
-        out, step, step >= tcfg.steps, start if ckpt_path else None, None, time.perf_counter() - t0, last
-    )
-    if result.finished or stopped_by_clock:
-        source = f"text_dpo:{config.name}:iter{step}"
-        result.final_dir, result.eval_accuracy = finish_run(lm, config, step, source, log)
-    return result

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,18 +41,14 @@ from cosmos_robot.text.tasks import TextExample, get_task, task_examples
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import filter_groups
 from cosmos_robot_trainers.algorithms.losses import aggregate, masked_mean
-from cosmos_robot_trainers.common import MetricsLogger, TrainProgress, configure_torch, seed_everything
-from cosmos_robot_trainers.common import rundir as _rundir
-from cosmos_robot_trainers.sft.optim import build_optimizer
-from cosmos_robot_trainers.text.config import RUNTIME_FIELDS, TextAlgoConfig, TextGRPOConfig
-from cosmos_robot_trainers.text.sft import load_lm
-from cosmos_robot_trainers.text.state import evaluate_config, finish_run, restore_text_state, save_text_state
+from cosmos_robot_trainers.text.config import TextAlgoConfig, TextGRPOConfig
+from cosmos_robot_trainers.text.driver import TextResult, TextRun, clip_and_step
 
 __all__ = [
     "CompletionBatch",
     "SampledGroups",
-    "TextGRPOResult",
     "completion_batch",
+    "grpo_iteration",
     "grpo_loss",
     "run_text_grpo",
     "sample_groups",
@@ -146,18 +141,6 @@ def grpo_loss(
     return loss, metrics
 
 
-@dataclass
-class TextGRPOResult:
-    out_dir: Path
-    step: int
-    finished: bool
-    resumed_from: int | None
-    final_dir: Path | None
-    train_wall_s: float
-    last_metrics: dict[str, Any] = field(default_factory=dict)
-    eval_accuracy: float | None = None
-
-
 def score_groups(config: Any, examples: list[TextExample], groups: list[list[Completion]]) -> torch.Tensor:
     """Rewards (N,) of the flattened groups from the recipe's reward (default: the task's scorer)."""
     name = config.reward.name or get_task(examples[0].task).reward
@@ -206,9 +189,7 @@ def sample_groups(config: Any, lm: Any, engine: Any, it: int) -> SampledGroups:
     return SampledGroups(examples, groups, rewards, metrics)
 
 
-def _iteration(
-    config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optimizer: Any, scheduler: Any, it: int
-) -> dict[str, float]:
+def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optimizer: Any, it: int) -> dict[str, float]:
     """One rollout + update; returns the iteration's metrics."""
     rcfg, algo, ocfg = config.rollout, config.algo, config.optim
     model = lm.model
@@ -263,14 +244,14 @@ def _iteration(
                 None if ref_lp is None else ref_lp[mb],
                 None if tis is None else tis[mb],
             )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), ocfg.grad_clip or float("inf"))
-            optimizer.step()
+            gnorm = clip_and_step(model, loss, optimizer, ocfg.grad_clip)
             n_steps += 1
-            for k, v in {"loss": loss.detach(), "grad_norm": gnorm, **m}.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-    scheduler.step()
+            for k, v in {
+                "loss": float(loss.detach()),
+                "grad_norm": gnorm,
+                **{k: float(x) for k, x in m.items()},
+            }.items():
+                sums[k] = sums.get(k, 0.0) + v
     engine.sync_weights(model)
     metrics.update({k: v / n_steps for k, v in sums.items()})
     metrics.update(
@@ -291,73 +272,25 @@ def run_text_grpo(
     overwrite: bool = False,
     stop_at_step: int | None = None,
     log: Callable[[str], None] = print,
-) -> TextGRPOResult:
+) -> TextResult:
     """Run (or continue) the recipe; ``stop_at_step`` stops as a kill would (tests of exact resume)."""
-    out = Path(config.output.dir)
-    ckpt_path = _rundir.prepare_run_dir(config, out, RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
-    tcfg = config.train
-    configure_torch(tcfg.num_threads, tcfg.deterministic)
-    seed_everything(tcfg.seed)
-    lm = load_lm(config.init, config.model, tcfg.dtype, tcfg.device)
-    ref = None
-    if config.algo.kl_coef > 0:
-        ref = load_lm(config.init, config.model, tcfg.dtype, tcfg.device).model.eval()
-        ref.requires_grad_(False)
-    lm.model.train()
-    optimizer, scheduler = build_optimizer(lm.model, config.optim, tcfg.steps)
+    run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
+    lm = run.lm
+    ref = run.reference() if config.algo.kl_coef > 0 else None
     engine = make_engine(config.rollout.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
-    start, prior_wall = 0, 0.0
-    if ckpt_path is not None:
-        start, saved = restore_text_state(ckpt_path, lm.model, optimizer, scheduler)
-        prior_wall = float(saved.get("train_wall_s", 0.0))
-        log(f"resuming from {ckpt_path} (iteration {start})")
+    run.restore()
+    rc, algo = config.rollout, config.algo
     params = sum(p.numel() for p in lm.model.parameters())
-    rc = config.rollout
     control = ", shuffled rewards (control)" if config.reward.shuffle else ""
     log(
-        f"text_grpo: {lm.model.config.model_type}, {params / 1e6:.3f} M parameters; {tcfg.steps} iterations of "
-        f"{rc.prompts_per_iter} prompts x {rc.group_size} completions "
-        f"({config.algo.advantage}, {config.algo.policy_loss}, {config.algo.loss_agg}{control})"
+        f"text_grpo: {lm.model.config.model_type}, {params / 1e6:.3f} M parameters; {config.train.steps} iterations "
+        f"of {rc.prompts_per_iter} prompts x {rc.group_size} completions "
+        f"({algo.advantage}, {algo.policy_loss}, {algo.loss_agg}{control})"
     )
-    logger = MetricsLogger(out, resume_step=start, tensorboard=config.output.tensorboard)
-    if start == 0 and config.eval.initial:
-        acc = evaluate_config(lm, config)
-        if acc is not None:
-            logger.log(0, {"eval_accuracy": acc})
-            log(f"initial eval: {100 * acc:.1f}% exact")
-    stop = min(tcfg.steps, stop_at_step) if stop_at_step is not None else tcfg.steps
-    t0 = time.perf_counter()
-    step, last, stopped_by_clock = start, {}, False
-    try:
-        with TrainProgress(tcfg.steps, start, config.name, enabled=tcfg.progress, unit="iteration") as bar:
-            while step < stop:
-                t_it = time.perf_counter()
-                last = _iteration(config, lm, ref, engine, optimizer, scheduler, step)
-                step += 1
-                last["iter_wall_s"] = time.perf_counter() - t_it
-                if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps:
-                    acc = evaluate_config(lm, config)
-                    if acc is not None:
-                        last["eval_accuracy"] = acc
-                if step % tcfg.log_every == 0 or step == stop:
-                    logger.log(step, last)
-                    bar.update(
-                        step, {k: last[k] for k in ("reward_mean", "train_accuracy", "eval_accuracy") if k in last}
-                    )
-                if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
-                    extra = {"train_wall_s": prior_wall + time.perf_counter() - t0}
-                    save_text_state(out, step, lm.model, optimizer, scheduler, extra, tcfg.keep_checkpoints)
-                if tcfg.max_wall_minutes and prior_wall + time.perf_counter() - t0 > 60 * tcfg.max_wall_minutes:
-                    stopped_by_clock = step < stop
-                    log(f"train.max_wall_minutes reached after iteration {step}; exporting what we have")
-                    break
-    finally:
-        logger.close()
-    result = TextGRPOResult(
-        out, step, step >= tcfg.steps, start if ckpt_path else None, None, time.perf_counter() - t0, last
+    return run.loop(
+        lambda it: grpo_iteration(config, lm, ref, engine, run.optimizer, it),
+        kind="text_grpo",
+        stop_at_step=stop_at_step,
+        unit="iteration",
+        show=("reward_mean", "train_accuracy", "eval_accuracy"),
     )
-    if result.finished or stopped_by_clock:
-        result.final_dir, result.eval_accuracy = finish_run(
-            lm, config, step, f"text_grpo:{config.name}:iter{step}", log
-        )
-    return result

@@ -14,13 +14,14 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.text.hf import CausalLM, save_causal_lm
+from cosmos_robot.text.hf import CausalLM, load_causal_lm, save_causal_lm
 from cosmos_robot.text.tasks import task_examples
+from cosmos_robot.text.tiny import tiny_from_table
 from cosmos_robot_trainers.common import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 from cosmos_robot_trainers.common.rundir import CHECKPOINTS
-from cosmos_robot_trainers.text.config import eval_task
+from cosmos_robot_trainers.text.config import TINY_INIT, TINY_PREFIX, eval_task
 
-__all__ = ["evaluate_config", "export_lm", "finish_run", "restore_text_state", "save_text_state"]
+__all__ = ["evaluate_config", "export_lm", "finish_run", "load_lm", "restore_text_state", "save_text_state"]
 
 
 def save_text_state(
@@ -95,3 +96,14 @@ def evaluate_config(lm: CausalLM, config: Any) -> float | None:
     ecfg = config.eval
     rows = evaluate_lm(lm, task_examples(task, "eval", ecfg.prompts, ecfg.seed), max_new_tokens=ecfg.max_new_tokens)
     return sum(r["success"] for r in rows) / len(rows)
+
+
+def load_lm(init: str, tiny: Any, dtype: str, device: str) -> CausalLM:
+    """``tiny:hf_causal_lm`` built from ``tiny`` (a ``TinyLMConfig``), or an HF folder loaded offline."""
+    if init == TINY_INIT:
+        lm = tiny_from_table(tiny.model_dump())
+        lm.model.to(device=device, dtype=getattr(torch, dtype))
+        return lm
+    if init.startswith(TINY_PREFIX):
+        raise ValueError(f"init: {init!r}: the text trainers build {TINY_INIT!r} from [model], or load an HF folder")
+    return load_causal_lm(init, dtype=dtype, device=device)

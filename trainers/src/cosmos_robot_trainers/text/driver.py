@@ -1,0 +1,177 @@
+"""The run skeleton every text trainer shares: set up, restore, loop with logging / eval / checkpoints, finish.
+
+Why one driver: SFT, GRPO and DPO differ only in what one step does (a packed SFT batch, a rollout +
+policy update, a batch of preference pairs) and in a little state of their own (SFT's sampler
+position). ``TextRun`` owns the rest, the same way for all three: the run folder (fresh / resume /
+refuse a changed recipe), torch threads and seeds, the model (an HF folder or ``tiny:hf_causal_lm``),
+AdamW and its schedule, exact resume (model, optimizer, schedule, RNGs, the trainer's own state),
+metrics averaged over ``log_every`` steps to JSONL + TensorBoard, held-out evaluation every
+``eval.every`` steps, checkpoints, the wall-clock cap, and ``final/`` (HF folder + manifest,
+evaluated, learning curve).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cosmos_robot.text.hf import CausalLM
+from cosmos_robot_trainers.common import MetricsLogger, TrainProgress, configure_torch, seed_everything
+from cosmos_robot_trainers.common import rundir as _rundir
+from cosmos_robot_trainers.sft.optim import build_optimizer
+from cosmos_robot_trainers.text.config import RUNTIME_FIELDS
+from cosmos_robot_trainers.text.state import (
+    evaluate_config,
+    finish_run,
+    load_lm,
+    restore_text_state,
+    save_text_state,
+)
+
+__all__ = ["TextResult", "TextRun"]
+
+StepFn = Callable[[int], dict[str, float]]
+
+
+@dataclass
+class TextResult:
+    """What one call of a text trainer did."""
+
+    out_dir: Path
+    step: int  # the last step (iteration) trained
+    finished: bool
+    resumed_from: int | None
+    final_dir: Path | None
+    train_wall_s: float
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+    eval_accuracy: float | None = None  # of the final evaluation
+
+
+class TextRun:
+    """``run = TextRun(config, ...)``; build the trainer's own objects; ``run.restore(...)``; ``run.loop(step_fn)``."""
+
+    def __init__(self, config: Any, *, resume: bool, overwrite: bool, log: Callable[[str], None]) -> None:
+        self.config, self.log = config, log
+        self.out = Path(config.output.dir)
+        self.ckpt_path = _rundir.prepare_run_dir(config, self.out, RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
+        tcfg = config.train
+        configure_torch(tcfg.num_threads, tcfg.deterministic)
+        seed_everything(tcfg.seed)
+        self.lm: CausalLM = load_lm(config.init, config.model, tcfg.dtype, tcfg.device)
+        self.lm.model.train()
+        self.optimizer, self.scheduler = build_optimizer(self.lm.model, config.optim, tcfg.steps)
+        self.start, self.prior_wall = 0, 0.0
+
+    def reference(self) -> Any:
+        """A frozen copy of the initial model (KL penalties, DPO)."""
+        tcfg = self.config.train
+        ref = load_lm(self.config.init, self.config.model, tcfg.dtype, tcfg.device).model.eval()
+        return ref.requires_grad_(False)
+
+    def restore(self, load_extra: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """Continue from the newest checkpoint, if the run folder has one."""
+        if self.ckpt_path is None:
+            return
+        self.start, saved = restore_text_state(self.ckpt_path, self.lm.model, self.optimizer, self.scheduler)
+        self.prior_wall = float(saved.get("train_wall_s", 0.0))
+        if load_extra is not None:
+            load_extra(saved)
+        self.log(f"resuming from {self.ckpt_path} (step {self.start})")
+
+    def loop(
+        self,
+        step_fn: StepFn,
+        *,
+        kind: str,
+        save_extra: Callable[[], dict[str, Any]] | None = None,
+        stop_at_step: int | None = None,
+        unit: str = "step",
+        show: tuple[str, ...] = ("loss", "eval_accuracy"),
+    ) -> TextResult:
+        """Run ``step_fn(step) -> metrics`` up to ``train.steps``; ``stop_at_step`` stops as a kill would."""
+        config, tcfg = self.config, self.config.train
+        logger = MetricsLogger(self.out, resume_step=self.start, tensorboard=config.output.tensorboard)
+        if self.start == 0 and config.eval.initial:
+            acc = evaluate_config(self.lm, config)
+            if acc is not None:
+                logger.log(0, {"eval_accuracy": acc})
+                self.log(f"initial eval: {100 * acc:.1f}% exact")
+        stop = min(tcfg.steps, stop_at_step) if stop_at_step is not None else tcfg.steps
+        t0 = time.perf_counter()
+        step, last, by_clock = self.start, {}, False
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        n_window, t_window = 0, t0
+        try:
+            with TrainProgress(tcfg.steps, self.start, config.name, enabled=tcfg.progress, unit=unit) as bar:
+                while step < stop:
+                    metrics = step_fn(step)
+                    self.scheduler.step()
+                    step += 1
+                    n_window += 1
+                    for k, v in metrics.items():
+                        sums[k], counts[k] = sums.get(k, 0.0) + float(v), counts.get(k, 0) + 1
+                    if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps:
+                        acc = evaluate_config(self.lm, config)
+                        if acc is not None:
+                            sums["eval_accuracy"], counts["eval_accuracy"] = acc, 1
+                    if step % tcfg.log_every == 0 or step == stop:
+                        now = time.perf_counter()
+                        last = {k: v / counts[k] for k, v in sums.items()}
+                        last.update(
+                            lr=float(self.scheduler.get_last_lr()[0]), steps_per_s=n_window / max(now - t_window, 1e-9)
+                        )
+                        sums, counts, n_window, t_window = {}, {}, 0, now
+                        logger.log(step, last)
+                        bar.update(step, {k: last[k] for k in show if k in last})
+                    if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+                        extra = {
+                            **(save_extra() if save_extra else {}),
+                            "train_wall_s": self.prior_wall + time.perf_counter() - t0,
+                        }
+                        save_text_state(
+                            self.out,
+                            step,
+                            self.lm.model,
+                            self.optimizer,
+                            self.scheduler,
+                            extra,
+                            tcfg.keep_checkpoints,
+                            info={"loss": last.get("loss")},
+                        )
+                    if (
+                        tcfg.max_wall_minutes
+                        and self.prior_wall + time.perf_counter() - t0 > 60 * tcfg.max_wall_minutes
+                    ):
+                        by_clock = step < stop
+                        self.log(f"train.max_wall_minutes reached after {unit} {step}; exporting what we have")
+                        break
+        finally:
+            logger.close()
+        result = TextResult(
+            self.out,
+            step,
+            step >= tcfg.steps,
+            self.start if self.ckpt_path else None,
+            None,
+            time.perf_counter() - t0,
+            last,
+        )
+        if result.finished or by_clock:
+            source = f"{kind}:{config.name}:{unit}{step}"
+            result.final_dir, result.eval_accuracy = finish_run(self.lm, config, step, source, self.log)
+        return result
+
+
+def clip_and_step(model: torch.nn.Module, loss: torch.Tensor, optimizer: Any, grad_clip: float | None) -> float:
+    """``zero_grad -> backward -> clip -> step``; the pre-clip gradient norm."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
+    optimizer.step()
+    return float(norm)
