@@ -286,3 +286,16 @@ def test_http_reward_service(mode: str, error: str | None) -> None:
 def test_tiny_model_has_the_requested_shape() -> None:
     lm = tiny_causal_lm(char_tokenizer(), model_type="qwen3_moe", **SIZES)
     assert lm.model.config.num_experts == 4 and lm.model.config.vocab_size == len(lm.tokenizer)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3_moe"])
+def test_engine_log_probs_for_other_families(model_type: str) -> None:
+    lm = tiny_causal_lm(char_tokenizer("arithmetic"), model_type=model_type, **SIZES)
+    engine = TransformersEngine(lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
+    prompt = prompt_ids(lm.tokenizer, [{"role": "user", "content": "1+2="}])
+    (group,) = engine.generate([prompt], 2, SamplingParams(max_new_tokens=5, seed=1))
+    for c in group:
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([prompt + c.ids]), use_cache=False).logits[0].float()
+        ref = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(-1, torch.tensor(c.ids)[:, None])[:, 0]
+        assert float((ref - torch.tensor(c.log_probs)).abs().max()) < 1e-4
