@@ -72,7 +72,7 @@ def command(
     """
     options = dict(locals())  # the option values by name (the config's fields are read from them)
     if suite.startswith("text/"):
-        _text_eval(ckpt, policy, suite, out, episodes_per_task, seed, device)
+        _text_eval(ckpt, policy, suite, out, episodes_per_task, seed, device, policy_arg or [])
         return
     if (policy is None) == (ckpt is None):
         raise fail("pass exactly one of --policy (server URL or MODULE:FACTORY) or --ckpt (checkpoint folder)", 2)
@@ -89,16 +89,36 @@ def command(
 
 
 def _text_eval(
-    ckpt: Optional[str], policy: Optional[str], suite: str, out: str, episodes: int, seed: int, device: str
+    ckpt: Optional[str],
+    policy: Optional[str],
+    suite: str,
+    out: str,
+    episodes: int,
+    seed: int,
+    device: str,
+    policy_arg: list[str],
 ) -> None:
-    """``--suite text/<task>``: greedy exact-answer accuracy of an HF causal-LM folder on held-out prompts."""
+    """``--suite text/<task>``: exact-answer accuracy of an HF causal-LM folder on held-out prompts (greedy, or
+    ``-a temperature=T`` one seeded sample each; ``-a max_new_tokens=N``)."""
     if ckpt is None or policy is not None:
         raise fail(f"--suite {suite} evaluates a model folder in-process: pass --ckpt DIR (an HF causal-LM folder)", 2)
+    from cosmos_robot.policy_loading import parse_policy_args
     from cosmos_robot.text.evaluate import run_text_eval
 
+    options = parse_policy_args(policy_arg)
+    unknown = sorted(set(options) - {"temperature", "max_new_tokens"})
+    if unknown:
+        raise fail(f"-a {unknown[0]}: a text eval takes -a temperature=T and -a max_new_tokens=N", 2)
     try:
         results = run_text_eval(
-            ckpt, suite, out, episodes_per_task=episodes, seed=seed, device="cpu" if device == "auto" else device
+            ckpt,
+            suite,
+            out,
+            episodes_per_task=episodes,
+            seed=seed,
+            device="cpu" if device == "auto" else device,
+            temperature=float(options.get("temperature", 0.0)),
+            max_new_tokens=int(options.get("max_new_tokens", 16)),
         )
     except ValueError as exc:  # CheckpointError, an unknown task, a bad conversation
         raise fail(str(exc), 2) from exc

@@ -67,6 +67,12 @@ def test_text_sft_learns_resumes_exactly_and_exports(tmp_path: Path) -> None:
     assert results["suite"] == "text/addition" and results["totals"]["episodes"] == 20
     assert {"success_rate", "ci95_low", "ci95_high"} <= set(results["tasks"]["addition"])
     assert len((tmp_path / "e" / "completions.jsonl").read_text().splitlines()) == 20
+    args = ["eval", "--ckpt", str(result.final_dir), "--suite", "text/addition", "--episodes-per-task", "10"]
+    sampled = runner.invoke(app, [*args, "-a", "temperature=1.0", "--out", str(tmp_path / "s")])
+    assert sampled.exit_code == 0, sampled.output
+    assert json.loads((tmp_path / "s" / "results.json").read_text())["config"]["temperature"] == 1.0
+    bad = runner.invoke(app, [*args, "-a", "top_k=3", "--out", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "-a top_k: a text eval takes -a temperature=T" in bad.output
 
 
 def test_text_eval_refuses_a_server_and_a_robot_checkpoint(tmp_path: Path) -> None:

@@ -99,6 +99,9 @@ class TextEvalConfig(StrictModel):
     prompts: int = Field(default=500, ge=1)  # held-out prompts per evaluation
     seed: int = 0
     max_new_tokens: int = Field(default=16, ge=1)
+    # 0: greedy (the default, `eval --suite text/...`'s number); > 0: one seeded sample per prompt at this
+    # temperature (pass@1 of the sampling policy, what RL at that temperature optimises)
+    temperature: float = Field(default=0.0, ge=0)
 
 
 class TextSFTConfig(StrictModel):

@@ -94,7 +94,8 @@ def evaluate_config(lm: CausalLM, config: Any) -> float | None:
     if task is None:
         return None
     ecfg = config.eval
-    rows = evaluate_lm(lm, task_examples(task, "eval", ecfg.prompts, ecfg.seed), max_new_tokens=ecfg.max_new_tokens)
+    examples = task_examples(task, "eval", ecfg.prompts, ecfg.seed)
+    rows = evaluate_lm(lm, examples, max_new_tokens=ecfg.max_new_tokens, temperature=ecfg.temperature, seed=ecfg.seed)
     return sum(r["success"] for r in rows) / len(rows)
 
 
