@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ChatError", "TokenizedConversation", "check_messages", "prompt_ids", "tokenize_conversation"]
+__all__ = ["ChatError", "TokenizedConversation", "check_messages", "prompt_ids", "read_jsonl", "tokenize_conversation"]
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -114,3 +114,30 @@ def prompt_ids(tokenizer: Any, messages: Any, where: str = "prompt") -> list[int
     if msgs[-1]["role"] == "assistant":
         raise ChatError(f"{where}: the last message is the assistant's; a prompt ends with a user (or tool) turn")
     return _render(tokenizer, msgs, add_generation_prompt=True)
+
+
+def read_jsonl(path: Any, keys: tuple[str, ...], what: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(path:line, object)`` for each non-blank line of a JSONL file; errors name the file, line and key."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path: {path} does not exist")
+    rows = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: not JSON ({exc})") from exc
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{n}: expected a JSON object ({what})")
+        for key in keys:
+            if key not in row:
+                raise ValueError(f"{path}:{n}: missing {key!r} ({what})")
+        rows.append((f"{path}:{n}", row))
+    if not rows:
+        raise ValueError(f"data.path: {path} has no lines")
+    return rows

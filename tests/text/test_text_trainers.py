@@ -168,3 +168,19 @@ def test_export_of_a_text_run_checkpoint_is_an_hf_folder(tmp_path: Path) -> None
     final = AutoModelForCausalLM.from_pretrained(result.final_dir, local_files_only=True)
     w10 = dict(ten.named_parameters())["model.norm.weight"]
     assert not torch.equal(w10, dict(final.named_parameters())["model.norm.weight"])  # step 10, not step 20
+
+
+def test_sft_conversation_file_is_read_and_bad_lines_are_named(tmp_path: Path) -> None:
+    from cosmos_robot.text.tiny import char_tokenizer
+    from cosmos_robot_trainers.text.sft import load_conversations
+
+    path = tmp_path / "chats.jsonl"
+    chat = {"messages": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]}
+    path.write_text(json.dumps(chat) + "\n\n" + json.dumps(chat) + "\n")
+    base = _config("debug_text_sft", tmp_path / "r")
+    config = base.model_copy(update={"data": base.data.model_copy(update={"task": None, "path": str(path)})})
+    convs = load_conversations(config, char_tokenizer("arithmetic"), lambda _: None)
+    assert len(convs) == 2 and sum(convs[0].assistant_mask) == 2  # "2" and <|im_end|>
+    path.write_text(json.dumps(chat) + "\n[1, 2]\n")
+    with pytest.raises(ValueError, match=r"chats.jsonl:2: expected a JSON object"):
+        load_conversations(config, char_tokenizer("arithmetic"), lambda _: None)

@@ -12,14 +12,13 @@ control that must not learn. With ``data.path`` the pairs are read once from JSO
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cosmos_robot.text.chat import prompt_ids
+from cosmos_robot.text.chat import prompt_ids, read_jsonl
 from cosmos_robot.text.engines import Completion, make_engine
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import EpochBatchSampler
@@ -32,30 +31,17 @@ __all__ = ["dpo_update", "load_pairs", "pair_log_probs", "run_text_dpo", "sample
 
 def load_pairs(path: Path, tokenizer: Any, stop_id: int) -> list[tuple[Completion, Completion]]:
     """(chosen, rejected) completions of each JSONL line; errors name the line and field."""
-    if not path.is_file():
-        raise FileNotFoundError(f"data.path: {path} does not exist")
     pairs = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: not JSON ({exc})") from exc
-        for key in ("prompt", "chosen", "rejected"):
-            if key not in row:
-                raise ValueError(f"{path}:{n}: missing {key!r} (a pair has prompt, chosen, rejected)")
+    for where, row in read_jsonl(path, ("prompt", "chosen", "rejected"), "a pair has prompt, chosen, rejected"):
         prompt = row["prompt"] if isinstance(row["prompt"], list) else [{"role": "user", "content": str(row["prompt"])}]
-        ids = prompt_ids(tokenizer, prompt, where=f"{path}:{n}")
+        ids = prompt_ids(tokenizer, prompt, where=where)
         made = []
         for key in ("chosen", "rejected"):
             if not isinstance(row[key], str):
-                raise ValueError(f"{path}:{n}: {key!r} must be a string")
+                raise ValueError(f"{where}: {key!r} must be a string")
             toks = list(tokenizer.encode(row[key], add_special_tokens=False)) + [stop_id]
             made.append(Completion(ids, toks, [0.0] * len(toks), True, row[key]))
         pairs.append((made[0], made[1]))
-    if not pairs:
-        raise ValueError(f"data.path: {path} has no pairs")
     return pairs
 
 

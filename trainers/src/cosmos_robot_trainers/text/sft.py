@@ -13,14 +13,12 @@ with ``num_items_in_batch``: every trained token weighs the same, however the ro
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from cosmos_robot.text.chat import TokenizedConversation, tokenize_conversation
+from cosmos_robot.text.chat import TokenizedConversation, read_jsonl, tokenize_conversation
 from cosmos_robot.text.packing import collate_rows, pack_bfd, packed_logits, token_log_probs
 from cosmos_robot.text.tasks import get_task, task_examples
 from cosmos_robot_trainers.common import EpochBatchSampler
@@ -42,20 +40,8 @@ def load_conversations(
             for ex in examples
         ]
     else:
-        path = Path(str(dcfg.path))
-        if not path.is_file():
-            raise FileNotFoundError(f"data.path: {path} does not exist")
-        items = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not JSON ({exc})") from exc
-            if not isinstance(row, dict) or "messages" not in row:
-                raise ValueError(f"{path}:{n}: expected an object with 'messages'")
-            items.append((f"{path}:{n}", row["messages"]))
+        rows = read_jsonl(dcfg.path, ("messages",), 'one conversation per line: {"messages": [...]}')
+        items = [(where, row["messages"]) for where, row in rows]
     convs = [tokenize_conversation(tokenizer, msgs, max_length=dcfg.max_length, where=where) for where, msgs in items]
     cut = sum(c.truncated for c in convs)
     tokens = sum(len(c.input_ids) for c in convs)
