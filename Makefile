@@ -35,7 +35,7 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@echo "setup: $(VENV) with $(PY312)"
 	@test -x $(PY) || $(PY312) -m venv $(VENV)
 	@$(PY) -m pip install $(PIP_QUIET) --upgrade pip
-	@$(PY) -m pip install $(PIP_QUIET) -e clients -e "policy_server[alpasim]" -e "envs[ray,pusht]" -e ".[dev]" -e trainers -e exporters
+	@$(PY) -m pip install $(PIP_QUIET) -e clients -e "policy_server[alpasim]" -e "envs[ray,pusht]" -e ".[dev,text]" -e trainers -e exporters
 	@touch $@
 
 # The real openpi-client / openpi-server from PyPI pin numpy<2, so they get a venv of their own.

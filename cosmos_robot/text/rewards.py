@@ -9,7 +9,9 @@ rule-based scorers follow the anchors' published rules (shared/research/text_pos
 - ``gsm8k``: verl's rule: the last ``#### number`` in the last 300 characters (strict), or the last
   number there (flexible), compared as a string with ``,`` and ``$`` removed (1 / 0);
 - ``countdown``: TinyZero's rule: the last ``<answer>...</answer>``, every given number used once,
-  only ``+ - * / ( )``; right 1.0, wrong or invalid 0.1, no answer 0.
+  only ``+ - * / ( )``; right 1.0, wrong or invalid 0.1, no answer 0;
+- ``reasoning_gym``: reasoning-gym's own ``score_answer`` of the last ``<answer>`` block, for the
+  ``rg/<dataset>`` tasks.
 
 ``HttpReward`` posts ``{"completions": [...], "examples": [...]}`` as JSON and expects
 ``{"rewards": [float, ...]}`` of the same length back; timeouts, HTTP errors and malformed replies
@@ -27,6 +29,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from cosmos_robot.text.reasoning_gym_tasks import reasoning_gym_reward
 
 __all__ = ["REWARDS", "HttpReward", "RewardError", "get_reward", "safe_arithmetic"]
 
@@ -120,6 +124,7 @@ REWARDS: dict[str, RewardFn] = {
     "gsm8k": gsm8k,
     "gsm8k_flexible": lambda c, e: gsm8k(c, e, flexible=True),
     "countdown": countdown,
+    "reasoning_gym": reasoning_gym_reward,
 }
 
 

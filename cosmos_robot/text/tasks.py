@@ -10,7 +10,10 @@ Tasks (all offline, generated here):
 
 - ``addition``: ``47+85=`` -> ``132`` (two 2-digit numbers; ``addition3`` uses 3 digits);
 - ``chain_sum``: ``12+7-30+4=`` -> ``-7`` (3-4 terms of 1-2 digits, like reasoning-gym's chain_sum);
-- ``countdown``: reach a target with 3-4 numbers and ``+ - * /`` (TinyZero's prompt and reward).
+- ``countdown``: reach a target with 3-4 numbers and ``+ - * /`` (TinyZero's prompt and reward);
+- ``rg/<dataset>``: any of reasoning-gym's offline generators (``rg/gsm_symbolic``, ``rg/countdown``,
+  ...) with its own scorer (``reasoning_gym_tasks.py``);
+- ``jsonl:PATH``: a prompt file the user has, e.g. GSM8K's JSONL (``file_tasks.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TASKS", "TextExample", "TextTask", "get_task", "task_examples"]
+__all__ = ["TASKS", "TASK_PROVIDERS", "TextExample", "TextTask", "get_task", "task_examples"]
 
 SPLITS = ("train", "eval")
 EVAL_SHARE = 10  # one problem in EVAL_SHARE is held out
@@ -48,18 +51,32 @@ class TextExample:
         return self.prompt[-1]["content"]
 
 
+Made = tuple[str, str, str, dict[str, Any]]  # (problem text, answer, solution, fields)
+
+
 @dataclass(frozen=True)
 class TextTask:
-    """A named generator: ``make(rng) -> (problem text, answer, solution, fields)``."""
+    """A named generator: ``make(rng) -> (problem text, answer, solution, fields)``.
+
+    ``make_indexed(seed)`` replaces ``make`` for tasks whose problems are a list (a file's lines);
+    ``split_by_hash = False`` puts every problem in both splits (a file has no held-out part of its own).
+    """
 
     name: str
     reward: str
-    make: Callable[[np.random.Generator], tuple[str, str, str, dict[str, Any]]]
+    make: Callable[[np.random.Generator], Made] | None = None
     system: str | None = None
     description: str = ""
+    make_indexed: Callable[[int], Made] | None = None
+    split_by_hash: bool = True
 
     def example(self, seed: int) -> TextExample:
-        problem, answer, solution, fields = self.make(np.random.default_rng([seed, 7919]))
+        if self.make_indexed is not None:
+            problem, answer, solution, fields = self.make_indexed(seed)
+        elif self.make is not None:
+            problem, answer, solution, fields = self.make(np.random.default_rng([seed, 7919]))
+        else:
+            raise ValueError(f"text task {self.name} has neither make nor make_indexed")
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
             {"role": "user", "content": problem}
         ]
@@ -68,6 +85,9 @@ class TextTask:
     def split_of(self, example: TextExample) -> str:
         digest = hashlib.sha256(f"{self.name}:{example.problem}".encode()).digest()
         return "eval" if digest[0] % EVAL_SHARE == 0 else "train"
+
+    def in_split(self, example: TextExample, split: str) -> bool:
+        return not self.split_by_hash or self.split_of(example) == split
 
 
 def _addition(digits: int) -> Callable[[np.random.Generator], tuple[str, str, str, dict[str, Any]]]:
@@ -121,13 +141,29 @@ TASKS: dict[str, TextTask] = {
 }
 
 
+# task families resolved by name prefix: "module:function" (the function takes the whole name), imported
+# on first use so their optional dependencies load only when asked for
+TASK_PROVIDERS: dict[str, str] = {
+    "rg/": "cosmos_robot.text.reasoning_gym_tasks:rg_task",
+    "jsonl:": "cosmos_robot.text.file_tasks:file_task",
+}
+
+
 def get_task(name: str) -> TextTask:
+    for prefix, target in TASK_PROVIDERS.items():
+        if name.startswith(prefix):
+            import importlib
+
+            module, _, function = target.partition(":")
+            task: TextTask = getattr(importlib.import_module(module), function)(name)
+            return task
     if name not in TASKS:
         import difflib
 
         hint = difflib.get_close_matches(name, list(TASKS), n=1)
         extra = f"; did you mean {hint[0]!r}?" if hint else ""
-        raise ValueError(f"unknown text task {name!r} (known: {', '.join(TASKS)}){extra}")
+        families = ", ".join(f"{p}<name>" for p in TASK_PROVIDERS)
+        raise ValueError(f"unknown text task {name!r} (known: {', '.join(TASKS)}; {families}){extra}")
     return TASKS[name]
 
 
@@ -149,7 +185,7 @@ def task_examples(task: str | TextTask, split: str, n: int, seed: int = 0) -> li
         tries += 1
         if tries > 200 * n + 10_000:
             raise ValueError(f"text task {t.name}: could not draw {n} distinct {split} problems ({len(out)} found)")
-        if t.split_of(ex) != split or ex.problem in seen:
+        if not t.in_split(ex, split) or ex.problem in seen:
             continue
         seen.add(ex.problem)
         out.append(ex)

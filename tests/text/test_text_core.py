@@ -299,3 +299,68 @@ def test_engine_log_probs_for_other_families(model_type: str) -> None:
             logits = lm.model(torch.tensor([prompt + c.ids]), use_cache=False).logits[0].float()
         ref = torch.log_softmax(logits, -1)[len(prompt) - 1 : -1].gather(-1, torch.tensor(c.ids)[:, None])[:, 0]
         assert float((ref - torch.tensor(c.log_probs)).abs().max()) < 1e-4
+
+
+# --- reasoning-gym tasks --------------------------------------------------------------------------
+
+
+def test_reasoning_gym_tasks_generate_split_and_score_with_its_scorers() -> None:
+    task = get_task("rg/gsm_symbolic")
+    held = task_examples(task, "eval", 5, seed=0)
+    train = task_examples(task, "train", 50, seed=0)
+    assert not {e.problem for e in held} & {e.problem for e in train}
+    assert [e.problem for e in task_examples(task, "eval", 5, seed=0)] == [e.problem for e in held]
+    score = get_reward(task.reward)
+    ex = held[0]
+    assert ex.prompt[0]["role"] == "system" and "<answer>" in ex.prompt[0]["content"]
+    assert ex.solution.endswith(f"<answer>{ex.answer}</answer>") and "####" in ex.solution  # worked solution first
+    truth = ex.ground_truth()
+    assert json.loads(json.dumps(truth)) == truth  # reward services get JSON
+    assert score(ex.solution, truth) == 1.0
+    assert score(f"<answer>{int(ex.answer) + 1}</answer>", truth) < 1.0
+    assert score(ex.answer, truth) == 0.0  # no <answer> block
+    cd = get_task("rg/countdown").example(1)
+    assert score(cd.solution, cd.ground_truth()) == 1.0
+    with pytest.raises(ValueError, match="did you mean rg/chain_sum"):
+        get_task("rg/chain_summ")
+    with pytest.raises(ValueError, match="rg_dataset"):
+        score("<answer>1</answer>", {"answer": "1"})
+
+
+def test_reasoning_gym_task_is_an_eval_suite(tiny_dir: Path, tmp_path: Path) -> None:
+    from cosmos_robot.text.evaluate import run_text_eval
+
+    results = run_text_eval(tiny_dir, "text/rg/chain_sum", tmp_path, episodes_per_task=4, max_new_tokens=4)
+    assert results["suite"] == "text/rg/chain_sum" and results["totals"]["episodes"] == 4
+    assert (tmp_path / "results.json").exists()
+
+
+def test_jsonl_prompt_files_are_tasks(tmp_path: Path) -> None:
+    gsm = tmp_path / "gsm8k.jsonl"
+    n = 41
+    rows = [
+        {"question": f"Tom has {n} apples and buys 1,000 more. How many?", "answer": f"{n}+1000\n#### {n + 1000:,}"}
+    ]
+    gsm.write_text("".join(json.dumps(r | {"question": r["question"] + str(i)}) + "\n" for i in range(3) for r in rows))
+    task = get_task(f"jsonl:{gsm}")
+    assert task.reward == "gsm8k"
+    held = task_examples(task, "eval", 3, seed=0)
+    assert len(held) == 3 and {e.problem for e in held} == {e.problem for e in task_examples(task, "train", 3)}
+    ex = held[0]
+    assert ex.answer == str(n + 1000) and 'final answer after "####"' in ex.problem and ex.solution.endswith("#### 1,041")
+    assert get_reward(task.reward)("so #### " + ex.answer, ex.ground_truth()) == 1.0
+    plain = tmp_path / "cd.jsonl"
+    plain.write_text(json.dumps({"prompt": "3 4 5 -> 17", "answer": "3*4+5", "numbers": [3, 4, 5], "target": 17}))
+    ex = get_task(f"jsonl:{plain}").example(7)
+    assert ex.ground_truth()["numbers"] == [3, 4, 5] and ex.solution == "3*4+5"
+    assert countdown(f"<answer>{ex.solution}</answer>", ex.ground_truth()) == 1.0
+    with pytest.raises(ValueError, match="does not exist"):
+        get_task(f"jsonl:{tmp_path / 'missing.jsonl'}")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "1+1=", "answer": "2"}\n{"answer": "3"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: a task line needs"):
+        get_task(f"jsonl:{bad}")
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(gsm.read_text() + plain.read_text() + "\n")
+    with pytest.raises(ValueError, match="one task per file"):
+        get_task(f"jsonl:{mixed}")

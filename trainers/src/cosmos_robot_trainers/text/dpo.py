@@ -63,7 +63,7 @@ def pair_log_probs(
     model: Any, pairs: list[tuple[Completion, Completion]], pad_id: int, temperature: float, mean: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sequence log-probs (P,) of the chosen and rejected completions (sum, or mean for IPO)."""
-    batch = completion_batch([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
+    batch = completion_batch([c for c, _ in pairs] + [r for _, r in pairs], pad_id).to(next(model.parameters()).device)
     lp = sequence_log_probs(model, batch, temperature).sum(1)
     if mean:
         lp = lp / batch.mask.sum(1).clamp(min=1)

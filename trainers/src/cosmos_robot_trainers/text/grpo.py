@@ -70,7 +70,10 @@ class CompletionBatch:
     stopped: torch.Tensor  # (N,) bool
 
     def select(self, rows: torch.Tensor) -> CompletionBatch:
-        return CompletionBatch(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
+        return CompletionBatch(*(getattr(self, f)[rows.to(self.input_ids.device)] for f in self.__dataclass_fields__))
+
+    def to(self, device: Any) -> CompletionBatch:
+        return CompletionBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
 
 
 def completion_batch(completions: list[Completion], pad_id: int) -> CompletionBatch:
@@ -216,8 +219,9 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
         metrics.update({"trained_completions": 0.0, "time/update": 0.0})
         return metrics
     t1 = time.perf_counter()
-    batch = batch.select(rows)
-    adv = adv[rows]
+    device = next(model.parameters()).device
+    batch = batch.select(rows).to(device)
+    adv = adv[rows].to(device)
     with torch.no_grad():
         old = sequence_log_probs(model, batch, rcfg.temperature)
         ref_lp = sequence_log_probs(ref, batch, rcfg.temperature) if ref is not None else None
@@ -229,7 +233,7 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
     n_steps = 0
     g = torch.Generator().manual_seed(config.train.seed * 104_729 + it)
     for _ in range(ocfg.epochs):
-        order = torch.randperm(rows.numel(), generator=g)
+        order = torch.randperm(rows.numel(), generator=g).to(device)
         for start in range(0, rows.numel(), ocfg.minibatch_size):
             mb = order[start : start + ocfg.minibatch_size]
             sub = batch.select(mb)
