@@ -42,9 +42,13 @@ ALPHABETS = {"printable": DEFAULT_ALPHABET, "arithmetic": ARITHMETIC_ALPHABET}
 ROLE_WORDS = ("system", "user", "assistant", "tool")
 
 
-def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:
+def char_tokenizer(alphabet: str = DEFAULT_ALPHABET, vocab_size: int | None = None) -> Any:
     """A ``PreTrainedTokenizerFast``: one token per character of ``alphabet`` (or a name in ``ALPHABETS``),
-    the role names as whole tokens, ChatML specials and the chat template."""
+    the role names as whole tokens, ChatML specials and the chat template.
+
+    ``vocab_size`` pads the vocabulary with filler tokens ``<|xN|>`` (never produced by encoding, decoded
+    as themselves) so a model shaped like a real one (e.g. Qwen3's 151,936 rows) can be built and
+    sampled: the GPU benchmarks' stand-in for a real tokenizer."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -56,6 +60,11 @@ def char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> Any:
         vocab[word] = len(vocab)
     for ch in chars:
         vocab[ch] = len(vocab)
+    if vocab_size is not None:
+        if vocab_size < len(vocab):
+            raise ValueError(f"vocab_size {vocab_size} is below the {len(vocab)} tokens the alphabet needs")
+        for i in range(vocab_size - len(vocab)):
+            vocab[f"<|x{i}|>"] = len(vocab)
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()

@@ -347,7 +347,9 @@ def test_jsonl_prompt_files_are_tasks(tmp_path: Path) -> None:
     held = task_examples(task, "eval", 3, seed=0)
     assert len(held) == 3 and {e.problem for e in held} == {e.problem for e in task_examples(task, "train", 3)}
     ex = held[0]
-    assert ex.answer == str(n + 1000) and 'final answer after "####"' in ex.problem and ex.solution.endswith("#### 1,041")
+    assert (
+        ex.answer == str(n + 1000) and 'final answer after "####"' in ex.problem and ex.solution.endswith("#### 1,041")
+    )
     assert get_reward(task.reward)("so #### " + ex.answer, ex.ground_truth()) == 1.0
     plain = tmp_path / "cd.jsonl"
     plain.write_text(json.dumps({"prompt": "3 4 5 -> 17", "answer": "3*4+5", "numbers": [3, 4, 5], "target": 17}))

@@ -184,3 +184,33 @@ def test_sft_conversation_file_is_read_and_bad_lines_are_named(tmp_path: Path) -
     path.write_text(json.dumps(chat) + "\n[1, 2]\n")
     with pytest.raises(ValueError, match=r"chats.jsonl:2: expected a JSON object"):
         load_conversations(config, char_tokenizer("arithmetic"), lambda _: None)
+
+
+def test_chunked_selective_log_softmax_equals_the_full_one_with_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cosmos_robot_trainers.text import grpo
+
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 50, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 5))
+    full = torch.log_softmax(logits / 0.7, -1).gather(-1, targets[..., None])[..., 0]
+    (g_full,) = torch.autograd.grad(full.sum(), logits)
+    monkeypatch.setattr(grpo, "LOGSOFTMAX_CHUNK_ELEMENTS", 120)  # 2 rows per chunk: 8 checkpointed chunks
+    chunked = grpo.selective_log_softmax(logits, targets, 0.7)
+    (g_chunked,) = torch.autograd.grad(chunked.sum(), logits)
+    assert torch.equal(chunked, full) and torch.equal(g_chunked, g_full)
+
+
+@pytest.mark.parametrize("recipe", ["debug_text_grpo", "debug_text_dpo"])
+def test_micro_batches_accumulate_to_the_whole_minibatch_step(recipe: str, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    weights = []
+    for micro in ([], ["optim.micro_batch_size=3"]):
+        out = tmp_path / str(len(micro))
+        overrides = [f"output.dir={out}", "output.tensorboard=false", "train.progress=false", "train.steps=1"]
+        launch(recipe, [*overrides, *micro, "eval.final=false"], overwrite=True)
+        weights.append(load_file(out / "checkpoints" / "step_000001" / "model.safetensors"))
+        assert _records(out)[-1]["loss"] == pytest.approx(_records(tmp_path / "0")[-1]["loss"], abs=1e-6)
+    assert weights[0].keys() == weights[1].keys()
+    for name, a in weights[0].items():
+        assert torch.allclose(a, weights[1][name], atol=1e-6), name

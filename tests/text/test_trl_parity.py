@@ -14,9 +14,8 @@ policy, the policy's weights are perturbed after scoring (as an optimizer step b
 of one generation would), so ratios move well away from 1 and clipping is active on some tokens.
 On policy (``num_iterations=1``) TRL leaves ``old_per_token_logps`` out of the batch and uses
 ``per_token_logps.detach()``; we pass our own no-grad log-probs of the same weights. Our side builds
-its batch with ``completion_batch`` (right-padded prompt+completion rows) and scores it with
-``sequence_log_probs``: the layouts differ (TRL's left padding shifts RoPE positions by a constant per
-row, which rotary attention is invariant to up to rounding: ~5e-7 in the log-probs).
+its batch with ``completion_batch`` (prompts left-padded, completions right-padded: TRL's layout) and
+scores it with ``sequence_log_probs`` (logits of the completion columns only).
 
 Aggregation mapping (our ``TextAlgoConfig`` <-> TRL ``GRPOConfig``), all with
 ``gradient_accumulation_steps=1`` (TRL divides the "grpo", "bnpo" and "dr_grpo" losses by the
@@ -147,8 +146,9 @@ class Scored:
     def to_completion_layout(self, x: torch.Tensor) -> torch.Tensor:
         """Our (N, L) per-token tensor -> TRL's (N, C) completion layout."""
         out = torch.zeros(self.inputs["completion_ids"].shape, dtype=x.dtype)
-        for i, (p, k) in enumerate(zip(self.prompt_lens, self.completion_lens)):
-            out[i, :k] = x[i, p : p + k]
+        start = self.batch.prompt_width  # our prompts are left-padded to this column, like TRL's
+        for i, k in enumerate(self.completion_lens):
+            out[i, :k] = x[i, start : start + k]
         return out
 
 
@@ -197,7 +197,7 @@ def _score(tiny_dir: Path, tmp_path: Path, *, off_policy: bool, ref_noise: float
         ref = sequence_log_probs(trainer.ref_model, batch) if trainer.ref_model is not None else None
     scored = Scored(trainer, inputs, batch, old, ref, [len(p) for p in p_ids], [len(c) for c in c_ids])
     assert ("old_per_token_logps" in inputs) == off_policy  # on policy TRL uses per_token_logps.detach()
-    if off_policy:  # same weights, TRL's left-padded layout vs our right-padded one
+    if off_policy:  # same weights, same layout
         assert float((scored.to_completion_layout(old) - inputs["old_per_token_logps"]).abs().max()) < 1e-5
     if ref is not None:
         assert float((scored.to_completion_layout(ref) - inputs["ref_per_token_logps"]).abs().max()) < 1e-5

@@ -189,7 +189,10 @@ class TextRLOptimConfig(OptimConfig):
     """AdamW + schedule, and how each iteration's completions are split into updates."""
 
     epochs: int = Field(default=1, ge=1)  # passes over each iteration's completions (mu)
-    minibatch_size: int = Field(default=64, ge=1)  # completions per optimizer step
+    minibatch_size: int = Field(default=64, ge=1)  # completions (GRPO) or pairs (DPO) per optimizer step
+    # per forward/backward: gradients of micro-batches accumulate to one minibatch step (None: the whole
+    # minibatch at once). What makes a real model fit: 128 x 256 tokens of Qwen3-0.6B at once peaked at 101 GiB.
+    micro_batch_size: int | None = Field(default=None, ge=1)
 
 
 class TextRLTrainConfig(TextTrainConfig):

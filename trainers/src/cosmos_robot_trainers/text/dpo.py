@@ -12,7 +12,7 @@ control that must not learn. With ``data.path`` the pairs are read once from JSO
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from cosmos_robot.text.engines import Completion, make_engine
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import EpochBatchSampler
 from cosmos_robot_trainers.text.config import TextDPOConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, clip_and_step
+from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches
 from cosmos_robot_trainers.text.grpo import completion_batch, sample_groups, sequence_log_probs
 
 __all__ = ["dpo_update", "load_pairs", "pair_log_probs", "run_text_dpo", "sampled_pairs"]
@@ -82,23 +82,30 @@ def dpo_update(
     """``epochs`` passes of minibatch DPO steps over ``pairs``; the mean metrics."""
     algo, ocfg, rcfg = config.algo, config.optim, config.rollout
     mean = algo.loss == "ipo"
+    micro = ocfg.micro_batch_size
     with torch.no_grad():
-        ref_c, ref_r = pair_log_probs(ref, pairs, lm.pad_id, rcfg.temperature, mean)
+        refs = [
+            pair_log_probs(ref, pairs[i[0] : i[-1] + 1], lm.pad_id, rcfg.temperature, mean)
+            for i in micro_batches(list(range(len(pairs))), micro)
+        ]
+        ref_c, ref_r = torch.cat([c for c, _ in refs]), torch.cat([r for _, r in refs])
+
+    def parts(mb: list[int]) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
+        for idx in micro_batches(mb, micro):
+            pc, pr = pair_log_probs(lm.model, [pairs[i] for i in idx], lm.pad_id, rcfg.temperature, mean)
+            loss, m = get_algorithm("loss", "dpo")(pc, pr, ref_c[idx], ref_r[idx], algo.beta, algo.loss)
+            yield loss, len(idx) / len(mb), m
+
     sums: dict[str, float] = {}
     n = 0
     for _ in range(ocfg.epochs):
         order = torch.randperm(len(pairs), generator=generator).tolist()
         for s in range(0, len(pairs), ocfg.minibatch_size):
-            mb = order[s : s + ocfg.minibatch_size]
-            pc, pr = pair_log_probs(lm.model, [pairs[i] for i in mb], lm.pad_id, rcfg.temperature, mean)
-            loss, m = get_algorithm("loss", "dpo")(pc, pr, ref_c[mb], ref_r[mb], algo.beta, algo.loss)
-            gnorm = clip_and_step(lm.model, loss, optimizer, ocfg.grad_clip)
+            loss_value, gnorm, m = accumulated_step(
+                lm.model, optimizer, ocfg.grad_clip, parts(order[s : s + ocfg.minibatch_size])
+            )
             n += 1
-            for k, v in {
-                "loss": float(loss.detach()),
-                "grad_norm": gnorm,
-                **{k: float(x) for k, x in m.items()},
-            }.items():
+            for k, v in {"loss": loss_value, "grad_norm": gnorm, **m}.items():
                 sums[k] = sums.get(k, 0.0) + v
     return {k: v / max(n, 1) for k, v in sums.items()}
 

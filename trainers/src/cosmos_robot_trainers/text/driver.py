@@ -13,7 +13,7 @@ evaluated, learning curve).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -166,6 +166,36 @@ class TextRun:
             source = f"{kind}:{config.name}:{unit}{step}"
             result.final_dir, result.eval_accuracy = finish_run(self.lm, config, step, source, self.log)
         return result
+
+
+def micro_batches(rows: Any, size: int | None) -> list[Any]:
+    """``rows`` (a 1-D tensor or a list) in consecutive pieces of ``size`` (None: one piece)."""
+    n = len(rows)
+    step = n if not size else size
+    return [rows[i : i + step] for i in range(0, n, max(step, 1))]
+
+
+def accumulated_step(
+    model: torch.nn.Module,
+    optimizer: Any,
+    grad_clip: float | None,
+    parts: Iterable[tuple[torch.Tensor, float, dict[str, Any]]],
+) -> tuple[float, float, dict[str, float]]:
+    """One optimizer step over micro-batches: ``parts`` yields ``(loss, weight, metrics)`` per micro-batch,
+    where ``weight`` is its share of the minibatch (its sequences, or its tokens for a token mean), so
+    the accumulated gradient is the whole minibatch's. Each part's graph is freed by its backward, so
+    a step holds one micro-batch's activations. Returns (loss, pre-clip gradient norm, metrics), the
+    loss and metrics weighted like the gradient."""
+    optimizer.zero_grad(set_to_none=True)
+    total, metrics = 0.0, dict[str, float]()
+    for loss, weight, m in parts:
+        (loss * weight).backward()
+        total += float(loss.detach()) * weight
+        for k, v in m.items():
+            metrics[k] = metrics.get(k, 0.0) + float(v) * weight
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
+    optimizer.step()
+    return total, float(norm), metrics
 
 
 def clip_and_step(model: torch.nn.Module, loss: torch.Tensor, optimizer: Any, grad_clip: float | None) -> float:

@@ -28,7 +28,7 @@ batch); ``"seq_mean_token_sum_norm"`` with ``norm_constant = max_new_tokens`` = 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +42,7 @@ from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import filter_groups
 from cosmos_robot_trainers.algorithms.losses import aggregate, masked_mean
 from cosmos_robot_trainers.text.config import TextAlgoConfig, TextGRPOConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, clip_and_step
+from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches
 
 __all__ = [
     "CompletionBatch",
@@ -53,6 +53,7 @@ __all__ = [
     "run_text_grpo",
     "sample_groups",
     "score_groups",
+    "selective_log_softmax",
     "sequence_log_probs",
 ]
 
@@ -61,23 +62,34 @@ IGNORE = -100
 
 @dataclass
 class CompletionBatch:
-    """Prompt + completion rows, right-padded: ids (N, L), attention (N, L), completion-token mask (N, L)."""
+    """Prompt + completion rows (N, L): prompts left-padded so every completion starts at column
+    ``prompt_width`` (TRL's layout), completions right-padded. ``mask`` is 1 on completion tokens (the
+    ones scored and trained); ``engine_log_probs`` holds the engine's log-prob of each, 0 elsewhere."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    mask: torch.Tensor  # 1 on completion tokens (the ones scored and trained)
-    engine_log_probs: torch.Tensor  # (N, L), the engine's log-prob of each completion token, 0 elsewhere
+    mask: torch.Tensor
+    engine_log_probs: torch.Tensor
     stopped: torch.Tensor  # (N,) bool
+    prompt_width: int = 0
+
+    TENSORS = ("input_ids", "attention_mask", "mask", "engine_log_probs", "stopped")
 
     def select(self, rows: torch.Tensor) -> CompletionBatch:
-        return CompletionBatch(*(getattr(self, f)[rows.to(self.input_ids.device)] for f in self.__dataclass_fields__))
+        rows = rows.to(self.input_ids.device)
+        return self._with(lambda t: t[rows])
 
     def to(self, device: Any) -> CompletionBatch:
-        return CompletionBatch(*(getattr(self, f).to(device) for f in self.__dataclass_fields__))
+        return self._with(lambda t: t.to(device))
+
+    def _with(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> CompletionBatch:
+        ids, attn, mask, elp, stopped = (fn(getattr(self, f)) for f in self.TENSORS)
+        return CompletionBatch(ids, attn, mask, elp, stopped, self.prompt_width)
 
 
 def completion_batch(completions: list[Completion], pad_id: int) -> CompletionBatch:
-    width = max(len(c.prompt_ids) + len(c.ids) for c in completions)
+    start = max(len(c.prompt_ids) for c in completions)
+    width = start + max(max(len(c.ids) for c in completions), 1)
     n = len(completions)
     ids = torch.full((n, width), pad_id, dtype=torch.long)
     attn = torch.zeros((n, width), dtype=torch.long)
@@ -85,22 +97,58 @@ def completion_batch(completions: list[Completion], pad_id: int) -> CompletionBa
     elp = torch.zeros((n, width), dtype=torch.float32)
     for i, c in enumerate(completions):
         p, k = len(c.prompt_ids), len(c.ids)
-        ids[i, : p + k] = torch.tensor(c.prompt_ids + c.ids)
-        attn[i, : p + k] = 1
-        mask[i, p : p + k] = 1.0
-        elp[i, p : p + k] = torch.tensor(c.log_probs)
+        ids[i, start - p : start + k] = torch.tensor(c.prompt_ids + c.ids)
+        attn[i, start - p : start + k] = 1
+        mask[i, start : start + k] = 1.0
+        elp[i, start : start + k] = torch.tensor(c.log_probs)
     stopped = torch.tensor([c.stopped for c in completions], dtype=torch.bool)
-    return CompletionBatch(ids, attn, mask, elp, stopped)
+    return CompletionBatch(ids, attn, mask, elp, stopped, prompt_width=start)
+
+
+LOGSOFTMAX_CHUNK_ELEMENTS = 2**28  # fp32 elements per chunk (1 GiB): the transient memory of one chunk
+
+
+def _chunk_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def selective_log_softmax(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``log_softmax(logits / T)[targets]`` in fp32, (..., V) -> (...), without keeping a (..., V) fp32 tensor.
+
+    Rows are processed in chunks of ``LOGSOFTMAX_CHUNK_ELEMENTS``; under autograd each chunk is
+    recomputed in the backward pass (activation checkpointing), so a step holds the model-dtype logits
+    and one chunk, not the fp32 log-softmax of the whole batch (20 GiB for 128 x 256 tokens of a
+    151,936-token vocabulary)."""
+    flat, flat_t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    rows = max(1, LOGSOFTMAX_CHUNK_ELEMENTS // logits.shape[-1])
+    if flat.shape[0] <= rows:
+        return _chunk_log_probs(flat, flat_t, temperature).reshape(targets.shape)
+    parts = []
+    for i in range(0, flat.shape[0], rows):
+        chunk, tchunk = flat[i : i + rows], flat_t[i : i + rows]
+        if torch.is_grad_enabled() and chunk.requires_grad:
+            from torch.utils.checkpoint import checkpoint
+
+            parts.append(checkpoint(_chunk_log_probs, chunk, tchunk, temperature, use_reentrant=False))
+        else:
+            parts.append(_chunk_log_probs(chunk, tchunk, temperature))
+    return torch.cat(parts).reshape(targets.shape)
 
 
 def sequence_log_probs(model: Any, batch: CompletionBatch, temperature: float = 1.0) -> torch.Tensor:
-    """Teacher-forced log-prob of each completion token (N, L) at ``temperature``; 0 off the completion."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
-    logits = logits[:, :-1].float() / temperature
-    targets = batch.input_ids[:, 1:]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    """Teacher-forced log-prob of each completion token (N, L) at ``temperature``; 0 off the completion.
+
+    Only the completion columns' logits are computed (``logits_to_keep``): with a 151k vocabulary the
+    prompt's logits would be most of the memory of a step."""
+    start = batch.prompt_width
+    keep = batch.input_ids.shape[1] - start + 1
+    logits = model(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep
+    ).logits
+    logp = selective_log_softmax(logits[:, -keep:-1], batch.input_ids[:, start:], temperature)
     out = torch.zeros(batch.input_ids.shape, dtype=logp.dtype, device=logp.device)
-    out[:, 1:] = logp
+    out[:, start:] = logp
     return out * batch.mask
 
 
@@ -222,39 +270,47 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
     device = next(model.parameters()).device
     batch = batch.select(rows).to(device)
     adv = adv[rows].to(device)
+    micro = ocfg.micro_batch_size
     with torch.no_grad():
-        old = sequence_log_probs(model, batch, rcfg.temperature)
-        ref_lp = sequence_log_probs(ref, batch, rcfg.temperature) if ref is not None else None
+        pieces = micro_batches(torch.arange(rows.numel(), device=device), micro)
+        old = torch.cat([sequence_log_probs(model, batch.select(p), rcfg.temperature) for p in pieces])
+        ref_lp = None
+        if ref is not None:
+            ref_lp = torch.cat([sequence_log_probs(ref, batch.select(p), rcfg.temperature) for p in pieces])
     gap = (old - batch.engine_log_probs).abs() * batch.mask
     tis = None
     if algo.tis_cap is not None:
         tis = torch.clamp(torch.exp(old - batch.engine_log_probs), max=algo.tis_cap) * batch.mask
+    per_token = algo.loss_agg == "token_mean" and algo.policy_loss != "gspo"  # else a mean over sequences
+
+    def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
+        total = float(batch.mask[mb].sum()) if per_token else float(mb.numel())
+        for idx in micro_batches(mb, micro):
+            sub = batch.select(idx)
+            logp = sequence_log_probs(model, sub, rcfg.temperature)
+            loss, m = grpo_loss(
+                logp,
+                old[idx],
+                adv[idx],
+                sub.mask,
+                algo,
+                rcfg.max_new_tokens,
+                None if ref_lp is None else ref_lp[idx],
+                None if tis is None else tis[idx],
+            )
+            yield loss, (float(sub.mask.sum()) if per_token else float(idx.numel())) / max(total, 1e-9), m
+
     sums: dict[str, float] = {}
     n_steps = 0
     g = torch.Generator().manual_seed(config.train.seed * 104_729 + it)
     for _ in range(ocfg.epochs):
         order = torch.randperm(rows.numel(), generator=g).to(device)
         for start in range(0, rows.numel(), ocfg.minibatch_size):
-            mb = order[start : start + ocfg.minibatch_size]
-            sub = batch.select(mb)
-            logp = sequence_log_probs(model, sub, rcfg.temperature)
-            loss, m = grpo_loss(
-                logp,
-                old[mb],
-                adv[mb],
-                sub.mask,
-                algo,
-                rcfg.max_new_tokens,
-                None if ref_lp is None else ref_lp[mb],
-                None if tis is None else tis[mb],
+            loss_value, gnorm, m = accumulated_step(
+                model, optimizer, ocfg.grad_clip, parts(order[start : start + ocfg.minibatch_size])
             )
-            gnorm = clip_and_step(model, loss, optimizer, ocfg.grad_clip)
             n_steps += 1
-            for k, v in {
-                "loss": float(loss.detach()),
-                "grad_norm": gnorm,
-                **{k: float(x) for k, x in m.items()},
-            }.items():
+            for k, v in {"loss": loss_value, "grad_norm": gnorm, **m}.items():
                 sums[k] = sums.get(k, 0.0) + v
     engine.sync_weights(model)
     metrics.update({k: v / n_steps for k, v in sums.items()})

@@ -1,0 +1,298 @@
+"""GRPO step time side by side with TRL 1.16's GRPOTrainer, same model, batch and settings, one run.
+
+Issue 17's GPU comparison: a random bf16 model shaped like Qwen3-0.6B (28 layers, hidden 1024, 16 / 8
+heads, vocabulary 151,936; the tokenizer is the character tokenizer padded to that vocabulary, the
+stand-in for Qwen's, which is not available offline), 16 prompts x 8 completions of up to 256 tokens
+at temperature 1, one optimizer step per generation batch, loss "grpo" (sequence mean of token
+means), no KL, AdamW lr 1e-6, no gradient checkpointing. Each side runs in its own process (clean
+peak memory) for ``--steps`` steps; the first is warm-up (compilation, CUDA graph capture), the rest
+are reported as the median.
+
+- **ours**: ``cosmos-robot``'s ``text_grpo`` trainer (``run_text_grpo``): transformers' continuous
+  batching rollout with per-token log-probs, a teacher-forced "old" log-prob pass, one update;
+- **trl**: ``GRPOTrainer`` on its default path (``use_vllm=False``: ``model.generate``), timed from
+  ``on_step_begin`` to ``on_step_end`` (generation happens inside its step), its ``generate`` timed
+  by wrapping the model's method.
+
+MFU counts the same model FLOPs for both (2 N per sampled or prompt token, 6 N per trained token;
+N = all parameters, the tied head included once) over the step time and the H200's 989 TFLOP/s
+dense bf16. Usage (on the GPU machine; TRL and datasets carried as wheels):
+
+    python benchmarks/text_grpo_trl.py --out /tmp/grpo_trl.json          # both, prints a table
+    python benchmarks/text_grpo_trl.py --size tiny --device cpu --steps 2  # a smoke run on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+SIZES = {
+    "qwen3-0.6b": {"hidden": 1024, "layers": 28, "heads": 16, "kv_heads": 8, "intermediate": 3072, "head_dim": 128},
+    "tiny": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "head_dim": 16},
+}
+VOCAB = {"qwen3-0.6b": 151_936, "tiny": 1_000}
+PEAK_TFLOPS = 989.0  # H200 dense bf16
+
+
+def bench_reward(text: str) -> float:
+    """A deterministic reward that differs within groups (so advantages are not all zero): chars mod 7."""
+    return float(len(text) % 7)
+
+
+def build_model(size: str, out: Path) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from cosmos_robot.text.hf import CausalLM, save_causal_lm
+    from cosmos_robot.text.tiny import char_tokenizer
+
+    s = SIZES[size]
+    tok = char_tokenizer("arithmetic", vocab_size=VOCAB[size])
+    config = AutoConfig.for_model(
+        "qwen3",
+        vocab_size=len(tok),
+        hidden_size=s["hidden"],
+        intermediate_size=s["intermediate"],
+        num_hidden_layers=s["layers"],
+        num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv_heads"],
+        head_dim=s["head_dim"],
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rope_theta=1_000_000.0,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return save_causal_lm(CausalLM(model, tok, None), out)
+
+
+def prompts(n: int) -> list[list[dict[str, str]]]:
+    from cosmos_robot.text.tasks import task_examples
+
+    return [ex.prompt for ex in task_examples("addition", "train", n, seed=0)]
+
+
+def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, Any]:
+    import torch
+
+    from cosmos_robot.text import rewards
+    from cosmos_robot_trainers.text.config import TextGRPOConfig
+    from cosmos_robot_trainers.text.grpo import run_text_grpo
+
+    rewards.REWARDS["bench_chars"] = lambda text, example: bench_reward(text)
+    config = TextGRPOConfig.model_validate(
+        {
+            "init": str(folder),
+            "data": {"task": "addition"},
+            "rollout": {
+                "prompts_per_iter": args.prompts,
+                "group_size": args.group,
+                "max_new_tokens": args.max_new_tokens,
+                "temperature": 1.0,
+            },
+            "reward": {"name": "bench_chars"},
+            "algo": {"advantage": "grpo", "loss_agg": "seq_mean_token_mean", "filter_groups": False},
+            "optim": {
+                "lr": 1e-6,
+                "warmup_steps": 0,
+                "schedule": "constant",
+                "weight_decay": 0.0,
+                "epochs": 1,
+                "minibatch_size": args.prompts * args.group,
+            },
+            "train": {
+                "steps": args.steps,
+                "ckpt_every": 10_000,
+                "device": args.device,
+                "dtype": args.dtype,
+                "num_threads": None,
+                "deterministic": False,
+                "progress": False,
+            },
+            "eval": {"final": False},
+            "output": {"dir": str(work / "ours"), "tensorboard": False},
+        }
+    )
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    run_text_grpo(config, resume=False, overwrite=True, log=lambda m: None)
+    rows = [json.loads(line) for line in (work / "ours" / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "reward_mean" in r]
+    return {
+        "step_s": [1.0 / r["steps_per_s"] for r in rows],  # log_every = 1: one iteration per window
+        "rollout_s": [r["time/rollout"] for r in rows],
+        "completion_tokens": [r["completion_tokens"] * args.prompts * args.group for r in rows],
+        "first_loss": rows[0]["loss"],
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None,
+    }
+
+
+def run_trl(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, args.dtype)).to(args.device)
+    timings: dict[str, list[float]] = {"step_s": [], "rollout_s": [], "completion_tokens": [], "loss": []}
+    generate = model.generate
+
+    def timed_generate(*a: Any, **kw: Any) -> Any:
+        sync()
+        t0 = time.perf_counter()
+        out = generate(*a, **kw)
+        sync()
+        timings["rollout_s"].append(time.perf_counter() - t0)
+        prompt_len = (kw.get("input_ids") if "input_ids" in kw else a[0]).shape[1]
+        new = out[:, prompt_len:]
+        timings["completion_tokens"].append(float((new != tok.pad_token_id).sum()))
+        return out
+
+    def sync() -> None:
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    model.generate = timed_generate
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, *a: Any, **kw: Any) -> None:
+            sync()
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a: Any, **kw: Any) -> None:
+            sync()
+            timings["step_s"].append(time.perf_counter() - self.t0)
+
+        def on_log(self, _args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+            if logs and "loss" in logs:
+                timings["loss"].append(float(logs["loss"]))
+
+    def reward(completions: list[Any], **kw: Any) -> list[float]:
+        return [bench_reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    data = Dataset.from_list([{"prompt": p} for p in prompts(args.prompts)] * (args.steps + 1))
+    config = GRPOConfig(
+        output_dir=str(work / "trl"),
+        per_device_train_batch_size=args.prompts * args.group,
+        gradient_accumulation_steps=1,
+        num_generations=args.group,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0,
+        learning_rate=1e-6,
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        warmup_steps=0,
+        beta=0.0,
+        loss_type="grpo",
+        max_steps=args.steps,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        bf16=args.dtype == "bfloat16",
+        use_cpu=args.device == "cpu",
+        shuffle_dataset=False,
+        seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tok, callbacks=[Clock()]
+    )
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    return {
+        "step_s": timings["step_s"],
+        "rollout_s": timings["rollout_s"],
+        "completion_tokens": timings["completion_tokens"],
+        "first_loss": timings["loss"][0] if timings["loss"] else None,
+        "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None,
+    }
+
+
+def summarise(name: str, r: dict[str, Any], n_params: int, prompt_tokens: int, args: argparse.Namespace) -> dict:
+    steady = slice(1, None) if len(r["step_s"]) > 1 else slice(0, None)
+    step = statistics.median(r["step_s"][steady])
+    roll = statistics.median(r["rollout_s"][steady])
+    gen = statistics.median(r["completion_tokens"][steady])
+    flops = 2 * n_params * (gen + prompt_tokens) + 6 * n_params * (gen + prompt_tokens)
+    return {
+        "impl": name,
+        "step_s": step,
+        "first_step_s": r["step_s"][0],
+        "rollout_s": roll,
+        "rollout_tokens_per_s": gen / roll,
+        "peak_gib": r["peak_gib"],
+        "mfu": flops / step / (PEAK_TFLOPS * 1e12),
+        "first_loss": r["first_loss"],
+        "completion_tokens": gen,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", choices=sorted(SIZES), default="qwen3-0.6b")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--impl", choices=["both", "ours", "trl"], default="both")
+    ap.add_argument("--model-dir", default=None, help="(internal) the shared model folder")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="grpo_trl_"))
+    if args.impl != "both":
+        fn = run_ours if args.impl == "ours" else run_trl
+        print("RESULT " + json.dumps(fn(args, Path(args.model_dir), work)))
+        return
+    folder = build_model(args.size, work / "model")
+    from cosmos_robot.text.chat import prompt_ids
+    from cosmos_robot.text.hf import load_causal_lm
+
+    lm = load_causal_lm(folder)
+    n_params = sum(p.numel() for p in lm.model.parameters())
+    prompt_tokens = args.group * sum(len(prompt_ids(lm.tokenizer, p)) for p in prompts(args.prompts))
+    del lm
+    rows = []
+    for impl in ("ours", "trl"):
+        cmd = [sys.executable, __file__, *sys.argv[1:], "--impl", impl, "--model-dir", str(folder)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode or not line:
+            print(proc.stdout[-3000:], proc.stderr[-6000:], file=sys.stderr)
+            raise SystemExit(f"{impl} failed (exit {proc.returncode})")
+        rows.append(summarise(impl, json.loads(line[0][7:]), n_params, prompt_tokens, args))
+    print(
+        f"{args.size}: {n_params / 1e6:.1f} M parameters, {args.prompts} prompts x {args.group}, "
+        f"{args.max_new_tokens} new tokens, {args.dtype} on {args.device}, median of steps 2-{args.steps}"
+    )
+    print("| impl | step s | first step s | rollout s | rollout tok/s | peak GiB | MFU | first loss |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        peak = f"{r['peak_gib']:.1f}" if r["peak_gib"] is not None else "-"
+        print(
+            f"| {r['impl']} | {r['step_s']:.3f} | {r['first_step_s']:.2f} | {r['rollout_s']:.3f} | "
+            f"{r['rollout_tokens_per_s']:.0f} | {peak} | {100 * r['mfu']:.2f}% | {r['first_loss']} |"
+        )
+    print(f"speed-up (TRL step / our step): {rows[1]['step_s'] / rows[0]['step_s']:.2f}x")
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
