@@ -99,6 +99,7 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
             "init": str(folder),
             "data": {"task": "addition"},
             "rollout": {
+                "engine": args.engine[0],
                 "prompts_per_iter": args.prompts,
                 "group_size": args.group,
                 "max_new_tokens": args.max_new_tokens,
@@ -113,6 +114,7 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
                 "weight_decay": 0.0,
                 "epochs": 1,
                 "minibatch_size": args.prompts * args.group,
+                "micro_batch_size": args.micro_batch,
             },
             "train": {
                 "steps": args.steps,
@@ -252,6 +254,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--impl", choices=["both", "ours", "trl"], default="both")
+    ap.add_argument("--engine", nargs="+", default=["transformers_static"], help="our rollout engine(s)")
+    ap.add_argument("--micro-batch", type=int, default=None, help="our micro-batch (completions per backward)")
     ap.add_argument("--model-dir", default=None, help="(internal) the shared model folder")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
@@ -269,14 +273,17 @@ def main() -> None:
     prompt_tokens = args.group * sum(len(prompt_ids(lm.tokenizer, p)) for p in prompts(args.prompts))
     del lm
     rows = []
-    for impl in ("ours", "trl"):
+    runs = [("ours", e) for e in args.engine] + [("trl", None)]
+    for impl, engine in runs:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--impl", impl, "--model-dir", str(folder)]
+        cmd += ["--engine", engine] if engine else []
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
         line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not line:
             print(proc.stdout[-3000:], proc.stderr[-6000:], file=sys.stderr)
             raise SystemExit(f"{impl} failed (exit {proc.returncode})")
-        rows.append(summarise(impl, json.loads(line[0][7:]), n_params, prompt_tokens, args))
+        name = f"ours ({engine})" if engine else "trl (GRPOTrainer, generate)"
+        rows.append(summarise(name, json.loads(line[0][7:]), n_params, prompt_tokens, args))
     print(
         f"{args.size}: {n_params / 1e6:.1f} M parameters, {args.prompts} prompts x {args.group}, "
         f"{args.max_new_tokens} new tokens, {args.dtype} on {args.device}, median of steps 2-{args.steps}"
@@ -289,7 +296,8 @@ def main() -> None:
             f"| {r['impl']} | {r['step_s']:.3f} | {r['first_step_s']:.2f} | {r['rollout_s']:.3f} | "
             f"{r['rollout_tokens_per_s']:.0f} | {peak} | {100 * r['mfu']:.2f}% | {r['first_loss']} |"
         )
-    print(f"speed-up (TRL step / our step): {rows[1]['step_s'] / rows[0]['step_s']:.2f}x")
+    for r in rows[:-1]:
+        print(f"speed-up of {r['impl']} (TRL step / our step): {rows[-1]['step_s'] / r['step_s']:.2f}x")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 

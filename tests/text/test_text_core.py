@@ -13,7 +13,7 @@ import torch
 
 from cosmos_robot.policies.registry import CheckpointError, family_of
 from cosmos_robot.text.chat import ChatError, prompt_ids, tokenize_conversation
-from cosmos_robot.text.engines import SamplingParams, TransformersEngine
+from cosmos_robot.text.engines import SamplingParams, StaticGenerateEngine, TransformersEngine
 from cosmos_robot.text.hf import load_causal_lm, save_causal_lm
 from cosmos_robot.text.packing import collate_rows, pack_bfd, packed_logits
 from cosmos_robot.text.rewards import HttpReward, RewardError, countdown, exact_match, get_reward, gsm8k
@@ -172,9 +172,13 @@ def test_packed_rows_give_each_sequence_its_own_logits_only_without_the_cache(lm
 # --- rollout engine -------------------------------------------------------------------------------
 
 
+ENGINE_CLASSES = [TransformersEngine, StaticGenerateEngine]
+
+
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_engine_log_probs_match_a_teacher_forced_forward(lm: Any, temperature: float) -> None:
-    engine = TransformersEngine(lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
+def test_engine_log_probs_match_a_teacher_forced_forward(lm: Any, temperature: float, engine_cls: Any) -> None:
+    engine = engine_cls(lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
     prompts = [prompt_ids(lm.tokenizer, [{"role": "user", "content": q}]) for q in ("12+3=", "7+80=")]
     groups = engine.generate(prompts, 3, SamplingParams(max_new_tokens=6, temperature=temperature, seed=5))
     assert [len(g) for g in groups] == [3, 3]
@@ -193,8 +197,9 @@ def test_engine_log_probs_match_a_teacher_forced_forward(lm: Any, temperature: f
     assert lm.model.config._attn_implementation == "sdpa"  # the training attention is restored
 
 
-def test_greedy_engine_equals_generate(lm: Any) -> None:
-    engine = TransformersEngine(lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
+@pytest.mark.parametrize("engine_cls", ENGINE_CLASSES)
+def test_greedy_engine_equals_generate(lm: Any, engine_cls: Any) -> None:
+    engine = engine_cls(lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
     prompt = prompt_ids(lm.tokenizer, [{"role": "user", "content": "5+5="}])
     ((c,),) = engine.generate([prompt], 1, SamplingParams(max_new_tokens=5, temperature=0.0))
     ref = lm.model.generate(

@@ -214,3 +214,50 @@ def test_micro_batches_accumulate_to_the_whole_minibatch_step(recipe: str, tmp_p
     assert weights[0].keys() == weights[1].keys()
     for name, a in weights[0].items():
         assert torch.allclose(a, weights[1][name], atol=1e-6), name
+
+
+GPU_RECIPES = ["sft_qwen3_gsm8k", "grpo_qwen3_gsm8k", "dr_grpo_qwen3_gsm8k", "dapo_qwen3_gsm8k", "gspo_qwen3_gsm8k"]
+
+
+@pytest.mark.parametrize("recipe", GPU_RECIPES)
+def test_gpu_recipes_run_on_a_tiny_model_and_a_gsm8k_file(recipe: str, tmp_path: Path) -> None:
+    """The GPU recipes as written, shrunk only in size and moved to the CPU: their data source (GSM8K's
+    JSONL format), engine, losses and micro-batching run end to end."""
+    from cosmos_robot.text.tiny import write_tiny
+
+    model = write_tiny(tmp_path / "qwen3", hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32)
+    data = tmp_path / "gsm8k.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "question": f"Tom has {n} pens and buys {n + 1}. How many?",
+                    "answer": f"{n}+{n + 1}\n#### {2 * n + 1}",
+                }
+            )
+            + "\n"
+            for n in range(12)
+        )
+    )
+    shrink = [
+        f"init={model}",
+        f"data.task=jsonl:{data}",
+        f"eval.task=jsonl:{data}",
+        "eval.prompts=2",
+        "eval.max_new_tokens=4",
+        "train.device=cpu",
+        "train.dtype=float32",
+        "train.num_threads=1",
+        "train.steps=2",
+        "train.ckpt_every=1" if recipe != "sft_qwen3_gsm8k" else "train.ckpt_every=2",
+        "train.log_every=1",
+        "optim.warmup_steps=0",
+    ]
+    if recipe == "sft_qwen3_gsm8k":
+        shrink += ["data.examples=12", "data.max_length=256", "data.pack_length=256", "train.batch_size=2"]
+    else:
+        shrink += ["rollout.prompts_per_iter=2", "rollout.group_size=4", "rollout.max_new_tokens=4"]
+        shrink += ["optim.minibatch_size=4", "optim.micro_batch_size=2", "eval.initial=false"]
+    out = [f"output.dir={tmp_path / 'run'}", "output.tensorboard=false", "train.progress=false"]
+    result = launch(recipe, [*out, *shrink], overwrite=True)
+    assert result.final_dir is not None and (Path(result.final_dir) / "config.json").exists()
