@@ -50,6 +50,9 @@ class SamplingParams:
     temperature: float = 1.0  # 0: greedy
     top_p: float = 1.0
     seed: int = 0
+    # False: leave Completion.log_probs empty when they would only be a teacher-forced pass of the caller's own
+    # model (StaticGenerateEngine), which the trainer computes anyway; engines that get them from sampling ignore it
+    log_probs: bool = True
 
 
 @dataclass
@@ -58,7 +61,7 @@ class Completion:
 
     prompt_ids: list[int]
     ids: list[int]
-    log_probs: list[float]  # the sampler's log-prob of each token in ``ids`` (temperature applied)
+    log_probs: list[float]  # the sampler's log-prob of each token in ``ids`` (temperature applied); [] if not asked
     stopped: bool  # ended on a stop token (False: cut at max_new_tokens)
     text: str  # decoded without the stop token and special tokens
 
@@ -153,6 +156,7 @@ class StaticGenerateEngine:
 
     name = "transformers_static"
     PAD_TO = 64
+    scores_by_forward = True  # its log-probs are a teacher-forced pass (SamplingParams.log_probs=False skips it)
 
     def __init__(self, model: Any, tokenizer: Any, stop_ids: Sequence[int], pad_id: int, micro_batch: int = 32) -> None:
         self.model, self.tokenizer = model, tokenizer
@@ -218,11 +222,13 @@ class StaticGenerateEngine:
                     stop.any(1), stop.float().argmax(1) + 1, torch.full_like(stop[:, 0], new.shape[1], dtype=torch.long)
                 )
                 keep = torch.arange(new.shape[1], device=device)[None] < first[:, None]
-                full_attn = torch.cat([attn, keep.long()], dim=1)
-                logp = self._log_probs(out, full_attn, width, params.temperature)
+                logp = None
+                if params.log_probs:
+                    full_attn = torch.cat([attn, keep.long()], dim=1)
+                    logp = self._log_probs(out, full_attn, width, params.temperature).cpu()
         finally:
             model.train(was_training)
-        return self._completions(prompts, n, new.cpu(), first.cpu(), stop.any(1).cpu(), logp.cpu())
+        return self._completions(prompts, n, new.cpu(), first.cpu(), stop.any(1).cpu(), logp)
 
     def _completions(
         self,
@@ -231,7 +237,7 @@ class StaticGenerateEngine:
         new: torch.Tensor,
         lengths: torch.Tensor,
         stopped: torch.Tensor,
-        logp: torch.Tensor,
+        logp: torch.Tensor | None,
     ) -> list[list[Completion]]:
         results: list[list[Completion]] = []
         for i, prompt in enumerate(prompts):
@@ -242,7 +248,8 @@ class StaticGenerateEngine:
                 tokens = [int(t) for t in new[r, :length]]
                 did_stop = bool(stopped[r])
                 text = self.tokenizer.decode(tokens[:-1] if did_stop else tokens, skip_special_tokens=True)
-                group.append(Completion(list(prompt), tokens, [float(x) for x in logp[r, :length]], did_stop, text))
+                lps = [] if logp is None else [float(x) for x in logp[r, :length]]
+                group.append(Completion(list(prompt), tokens, lps, did_stop, text))
             results.append(group)
         return results
 

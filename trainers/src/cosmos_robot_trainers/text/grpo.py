@@ -100,7 +100,8 @@ def completion_batch(completions: list[Completion], pad_id: int) -> CompletionBa
         ids[i, start - p : start + k] = torch.tensor(c.prompt_ids + c.ids)
         attn[i, start - p : start + k] = 1
         mask[i, start : start + k] = 1.0
-        elp[i, start : start + k] = torch.tensor(c.log_probs)
+        if c.log_probs:  # empty: the engine's log-probs are the trainer's own pass (see grpo_iteration)
+            elp[i, start : start + k] = torch.tensor(c.log_probs)
     stopped = torch.tensor([c.stopped for c in completions], dtype=torch.bool)
     return CompletionBatch(ids, attn, mask, elp, stopped, prompt_width=start)
 
@@ -224,7 +225,13 @@ def sample_groups(config: Any, lm: Any, engine: Any, it: int) -> SampledGroups:
         get_task(str(config.data.task)), "train", rcfg.prompts_per_iter, seed=config.data.seed * 100_003 + it
     )
     prompts = [prompt_ids(lm.tokenizer, ex.prompt, where=f"{ex.task} seed {ex.seed}") for ex in examples]
-    params = SamplingParams(rcfg.max_new_tokens, rcfg.temperature, rcfg.top_p, seed=config.train.seed * 1_000_003 + it)
+    params = SamplingParams(
+        rcfg.max_new_tokens,
+        rcfg.temperature,
+        rcfg.top_p,
+        seed=config.train.seed * 1_000_003 + it,
+        log_probs=not getattr(engine, "scores_by_forward", False),  # else the trainer's "old" pass is the same
+    )
     groups = engine.generate(prompts, rcfg.group_size, params)
     t_rollout = time.perf_counter() - t0
     rewards = score_groups(config, examples, groups)
@@ -277,6 +284,8 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
         ref_lp = None
         if ref is not None:
             ref_lp = torch.cat([sequence_log_probs(ref, batch.select(p), rcfg.temperature) for p in pieces])
+    if getattr(engine, "scores_by_forward", False):  # the engine sampled from this model; old is its log-prob
+        batch.engine_log_probs = old.detach().clone()
     gap = (old - batch.engine_log_probs).abs() * batch.mask
     tis = None
     if algo.tis_cap is not None:
