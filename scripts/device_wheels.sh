@@ -11,6 +11,7 @@
 # Two device calls on one warm machine (it stays warm 30 s after a call):
 #   1. carry [".whl_lerobot"]:
 #        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gsite .whl_lerobot/*.whl
+#   (`scripts/device_wheels.sh text` fetches the text-trainer set instead: .whl_text and .whl_mj)
 #   2. carry [".whl_av"]:
 #        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/gsite .whl_av/*.whl;
 #        export PYTHONPATH=/tmp/gsite:$PWD:$PWD/clients/src:$PWD/policy_server/src:$PWD/envs/src:$PWD/trainers/src
@@ -27,6 +28,17 @@ fetch() {  # fetch DIR SPEC...: binary wheels for CPython 3.12 on manylinux x86_
         --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$dir" "$@"
 }
+
+if [ "${1:-}" = text ]; then
+    # benchmarks/text_grpo_trl.py: our text trainer and TRL's GRPOTrainer. Two calls again: .whl_text, then
+    # .whl_mj (MuJoCo: the trainers import the envs package), each installed into /tmp/gsite as above
+    fetch .whl_text transformers==5.5.4 tokenizers==0.22.2 trl==1.16.0 datasets==4.8.5 dill==0.4.1 \
+        multiprocess==0.70.19 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+        typing-inspection==0.4.5 gymnasium==1.4.0 farama-notifications==0.0.4 etils==1.15.0
+    fetch .whl_mj mujoco==3.17.0 glfw==2.11.0 pyopengl==3.1.10
+    du -sh .whl_text .whl_mj
+    exit 0
+fi
 
 fetch .whl_lerobot lerobot==0.6.1 transformers==5.5.4 tokenizers==0.22.2 diffusers==0.42.1 datasets==4.8.5 \
     huggingface_hub==1.33.0 draccus==0.11.6 gymnasium==1.4.0 farama-notifications==0.0.6 pydantic==2.14.4 \
