@@ -72,6 +72,23 @@ class RolloutEngine(Protocol):
     def sync_weights(self, model: Any) -> None: ...
 
 
+def generation_config(params: SamplingParams, stop_ids: Sequence[int], pad_id: int, **extra: Any) -> Any:
+    """transformers' ``GenerationConfig`` for ``params`` (temperature 0: greedy; top-k off)."""
+    from transformers import GenerationConfig
+
+    greedy = params.temperature == 0
+    return GenerationConfig(
+        max_new_tokens=params.max_new_tokens,
+        do_sample=not greedy,
+        temperature=None if greedy else params.temperature,
+        top_p=None if greedy or params.top_p >= 1.0 else params.top_p,
+        top_k=None,
+        eos_token_id=list(stop_ids),
+        pad_token_id=pad_id,
+        **extra,
+    )
+
+
 class TransformersEngine:
     """transformers' continuous batching on the trainer's model (see the module docstring)."""
 
@@ -86,20 +103,11 @@ class TransformersEngine:
             self.model = model
 
     def generate(self, prompts: Sequence[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
-        from transformers import ContinuousBatchingConfig, GenerationConfig
+        from transformers import ContinuousBatchingConfig
 
         if not prompts:
             return []
-        greedy = params.temperature == 0
-        config = GenerationConfig(
-            max_new_tokens=params.max_new_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy or params.top_p >= 1.0 else params.top_p,
-            top_k=None,
-            eos_token_id=self.stop_ids,
-            pad_token_id=self.pad_id,
-        )
+        config = generation_config(params, self.stop_ids, self.pad_id)
         inputs = [list(p) for p in prompts for _ in range(n)]
         model = self.model
         cb = ContinuousBatchingConfig(return_logprobs=True)
@@ -190,25 +198,13 @@ class StaticGenerateEngine:
         return torch.cat(out)
 
     def generate(self, prompts: Sequence[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
-        from transformers import GenerationConfig
-
         if not prompts:
             return []
-        greedy = params.temperature == 0
         model = self.model
         device = next(model.parameters()).device
         inputs = [list(p) for p in prompts for _ in range(n)]
         ids, attn, width = self._batch(inputs, device)
-        config = GenerationConfig(
-            max_new_tokens=params.max_new_tokens,
-            do_sample=not greedy,
-            temperature=None if greedy else params.temperature,
-            top_p=None if greedy or params.top_p >= 1.0 else params.top_p,
-            top_k=None,
-            eos_token_id=self.stop_ids,
-            pad_token_id=self.pad_id,
-            cache_implementation="static",
-        )
+        config = generation_config(params, self.stop_ids, self.pad_id, cache_implementation="static")
         was_training = model.training
         model.eval()
         try:

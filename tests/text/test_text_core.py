@@ -400,7 +400,7 @@ def test_engines_stop_at_the_end_of_a_trained_answer(engine_cls: Any) -> None:
     examples = task_examples("addition", "eval", 6)
     prompts = [prompt_ids(lm.tokenizer, ex.prompt) for ex in examples]
     groups = engine.generate(prompts, 2, SamplingParams(max_new_tokens=8, temperature=0.0))
-    for ex, group in zip(examples, groups):
+    for group in groups:
         for c in group:
             assert c.stopped and c.ids[-1] in lm.stop_ids and len(c.log_probs) == len(c.ids)
         assert group[0].text == group[1].text  # greedy
