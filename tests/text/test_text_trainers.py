@@ -200,15 +200,24 @@ def test_chunked_selective_log_softmax_equals_the_full_one_with_gradients(monkey
     assert torch.equal(chunked, full) and torch.equal(g_chunked, g_full)
 
 
-@pytest.mark.parametrize("recipe", ["debug_text_grpo", "debug_text_dpo"])
-def test_micro_batches_accumulate_to_the_whole_minibatch_step(recipe: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("recipe", "extra"),
+    [
+        ("debug_text_grpo", ["optim.minibatch_size=4"]),  # several updates: a scoring pass gives "old"
+        ("debug_text_grpo", ["optim.minibatch_size=16"]),  # one update per batch: old = its own, detached
+        ("debug_text_dpo", []),
+    ],
+)
+def test_micro_batches_accumulate_to_the_whole_minibatch_step(recipe: str, extra: list[str], tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     weights = []
     for micro in ([], ["optim.micro_batch_size=3"]):
         out = tmp_path / str(len(micro))
         overrides = [f"output.dir={out}", "output.tensorboard=false", "train.progress=false", "train.steps=1"]
-        launch(recipe, [*overrides, *micro, "eval.final=false"], overwrite=True)
+        launch(recipe, [*overrides, *extra, *micro, "eval.final=false"], overwrite=True)
+        if extra:  # with one update per batch every ratio is exactly 1 (TRL's num_iterations = 1)
+            assert (_records(out)[-1]["ratio_mean"] == 1.0) == (extra == ["optim.minibatch_size=16"])
         weights.append(load_file(out / "checkpoints" / "step_000001" / "model.safetensors"))
         assert _records(out)[-1]["loss"] == pytest.approx(_records(tmp_path / "0")[-1]["loss"], abs=1e-6)
     assert weights[0].keys() == weights[1].keys()

@@ -278,18 +278,21 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
     batch = batch.select(rows).to(device)
     adv = adv[rows].to(device)
     micro = ocfg.micro_batch_size
+    # one update per batch (TRL's num_iterations = 1): the "old" log-probs are the update's own, detached,
+    # so the separate scoring pass is skipped (ratio exactly 1, as in TRL)
+    single = ocfg.epochs == 1 and ocfg.minibatch_size >= rows.numel()
+    forward_engine = getattr(engine, "scores_by_forward", False)  # sampled from this model: old is its log-prob
     with torch.no_grad():
         pieces = micro_batches(torch.arange(rows.numel(), device=device), micro)
-        old = torch.cat([sequence_log_probs(model, batch.select(p), rcfg.temperature) for p in pieces])
+        old = (
+            None
+            if single
+            else torch.cat([sequence_log_probs(model, batch.select(p), rcfg.temperature) for p in pieces])
+        )
         ref_lp = None
         if ref is not None:
             ref_lp = torch.cat([sequence_log_probs(ref, batch.select(p), rcfg.temperature) for p in pieces])
-    if getattr(engine, "scores_by_forward", False):  # the engine sampled from this model; old is its log-prob
-        batch.engine_log_probs = old.detach().clone()
-    gap = (old - batch.engine_log_probs).abs() * batch.mask
-    tis = None
-    if algo.tis_cap is not None:
-        tis = torch.clamp(torch.exp(old - batch.engine_log_probs), max=algo.tis_cap) * batch.mask
+    seen_old = torch.zeros_like(batch.mask) if old is None else old
     per_token = algo.loss_agg == "token_mean" and algo.policy_loss != "gspo"  # else a mean over sequences
 
     def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
@@ -297,15 +300,21 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
         for idx in micro_batches(mb, micro):
             sub = batch.select(idx)
             logp = sequence_log_probs(model, sub, rcfg.temperature)
+            old_i = logp.detach() if old is None else old[idx]
+            seen_old[idx] = old_i
+            engine_i = old_i if forward_engine else sub.engine_log_probs
+            tis_i = None
+            if algo.tis_cap is not None:
+                tis_i = torch.clamp(torch.exp(old_i - engine_i), max=algo.tis_cap) * sub.mask
             loss, m = grpo_loss(
                 logp,
-                old[idx],
+                old_i,
                 adv[idx],
                 sub.mask,
                 algo,
                 rcfg.max_new_tokens,
                 None if ref_lp is None else ref_lp[idx],
-                None if tis is None else tis[idx],
+                tis_i,
             )
             yield loss, (float(sub.mask.sum()) if per_token else float(idx.numel())) / max(total, 1e-9), m
 
@@ -322,6 +331,9 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
             for k, v in {"loss": loss_value, "grad_norm": gnorm, **m}.items():
                 sums[k] = sums.get(k, 0.0) + v
     engine.sync_weights(model)
+    engine_lp = seen_old if forward_engine else batch.engine_log_probs
+    gap = (seen_old - engine_lp).abs() * batch.mask
+    tis = None if algo.tis_cap is None else torch.clamp(torch.exp(seen_old - engine_lp), max=algo.tis_cap)
     metrics.update({k: v / n_steps for k, v in sums.items()})
     metrics.update(
         {
