@@ -230,7 +230,7 @@ def sample_groups(config: Any, lm: Any, engine: Any, it: int) -> SampledGroups:
         rcfg.temperature,
         rcfg.top_p,
         seed=config.train.seed * 1_000_003 + it,
-        log_probs=not getattr(engine, "scores_by_forward", False),  # else the trainer's "old" pass is the same
+        log_probs=not engine.scores_by_forward,  # else the trainer's "old" pass is the same
     )
     groups = engine.generate(prompts, rcfg.group_size, params)
     t_rollout = time.perf_counter() - t0
@@ -281,7 +281,7 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
     # one update per batch (TRL's num_iterations = 1): the "old" log-probs are the update's own, detached,
     # so the separate scoring pass is skipped (ratio exactly 1, as in TRL)
     single = ocfg.epochs == 1 and ocfg.minibatch_size >= rows.numel()
-    forward_engine = getattr(engine, "scores_by_forward", False)  # sampled from this model: old is its log-prob
+    forward_engine = engine.scores_by_forward  # sampled from this model: old is its log-prob
     with torch.no_grad():
         pieces = micro_batches(torch.arange(rows.numel(), device=device), micro)
         old = (
