@@ -8,8 +8,11 @@ means), no KL, AdamW lr 1e-6, no gradient checkpointing. Each side runs in its o
 peak memory) for ``--steps`` steps; the first is warm-up (compilation, CUDA graph capture), the rest
 are reported as the median.
 
-- **ours**: ``cosmos-robot``'s ``text_grpo`` trainer (``run_text_grpo``): transformers' continuous
-  batching rollout with per-token log-probs, a teacher-forced "old" log-prob pass, one update;
+- **ours**: ``cosmos-robot``'s ``text_grpo`` trainer (``run_text_grpo``) with each ``--engine`` named:
+  ``transformers_static`` (one padded ``generate`` with a compiled static KV cache), ``vllm`` (vLLM
+  colocated in the process, ``--vllm-memory`` of the GPU, weights synced in place after each update)
+  or ``transformers`` (continuous batching); one update per batch, so the "old" log-probs are the
+  update's own (no scoring pass, as TRL with ``num_iterations = 1``);
 - **trl**: ``GRPOTrainer`` on its default path (``use_vllm=False``: ``model.generate``), timed from
   ``on_step_begin`` to ``on_step_end`` (generation happens inside its step), its ``generate`` timed
   by wrapping the model's method.
@@ -18,7 +21,7 @@ MFU counts the same model FLOPs for both (2 N per sampled or prompt token, 6 N p
 N = all parameters, the tied head included once) over the step time and the H200's 989 TFLOP/s
 dense bf16. Usage (on the GPU machine; TRL and datasets carried as wheels):
 
-    python benchmarks/text_grpo_trl.py --out /tmp/grpo_trl.json          # both, prints a table
+    python benchmarks/text_grpo_trl.py --engine vllm transformers_static --micro-batch 32  # prints a table
     python benchmarks/text_grpo_trl.py --size tiny --device cpu --steps 2  # a smoke run on a CPU
 """
 
@@ -104,6 +107,7 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
                 "group_size": args.group,
                 "max_new_tokens": args.max_new_tokens,
                 "temperature": 1.0,
+                "vllm": {"gpu_memory_utilization": args.vllm_memory},
             },
             "reward": {"name": "bench_chars"},
             "algo": {"advantage": "grpo", "loss_agg": "seq_mean_token_mean", "filter_groups": False},
@@ -139,6 +143,7 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
         "rollout_s": [r["time/rollout"] for r in rows],
         "completion_tokens": [r["completion_tokens"] * args.prompts * args.group for r in rows],
         "first_loss": rows[0]["loss"],
+        "logprob_gap": [(r["logprob_gap_mean"], r["logprob_gap_max"]) for r in rows],
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None,
     }
 
@@ -241,6 +246,7 @@ def summarise(name: str, r: dict[str, Any], n_params: int, prompt_tokens: int, a
         "mfu": flops / step / (PEAK_TFLOPS * 1e12),
         "first_loss": r["first_loss"],
         "completion_tokens": gen,
+        "logprob_gap": r.get("logprob_gap"),
     }
 
 
@@ -255,6 +261,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--impl", choices=["both", "ours", "trl"], default="both")
     ap.add_argument("--engine", nargs="+", default=["transformers_static"], help="our rollout engine(s)")
+    ap.add_argument("--vllm-memory", type=float, default=0.15, help="vLLM's gpu_memory_utilization (--engine vllm)")
     ap.add_argument("--micro-batch", type=int, default=None, help="our micro-batch (completions per backward)")
     ap.add_argument("--model-dir", default=None, help="(internal) the shared model folder")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
@@ -297,6 +304,8 @@ def main() -> None:
             f"{r['rollout_tokens_per_s']:.0f} | {peak} | {100 * r['mfu']:.2f}% | {r['first_loss']} |"
         )
     for r in rows[:-1]:
+        if r["logprob_gap"]:
+            print(f"{r['impl']}: engine vs trainer log-prob gap per step (mean, max): {r['logprob_gap']}")
         print(f"speed-up of {r['impl']} (TRL step / our step): {rows[-1]['step_s'] / r['step_s']:.2f}x")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))

@@ -4,7 +4,7 @@ Why an interface: the text trainers only need "G completions per prompt, their t
 sampler's log-prob of each token, and whether they stopped", plus "take the trainer's new
 weights". transformers' continuous batching (``generate_batch`` with ``return_logprobs``; the
 embedded default, nothing else to install) and vLLM (an optional extra on a GPU) both fit, like the
-env backends behind the vector layer.
+env backends behind the vector layer. ``VLLMEngine`` (``cosmos_robot.text.vllm_engine``) is the third.
 
 ``TransformersEngine`` runs the trainer's own model object with the paged attention kernel
 (``paged|sdpa``) for the duration of a ``generate`` call and restores the training attention
@@ -23,7 +23,8 @@ is the faster of the two.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -256,10 +257,26 @@ class StaticGenerateEngine:
         return results
 
 
-ENGINES = {"transformers": TransformersEngine, "transformers_static": StaticGenerateEngine}
+# name -> "module:class"; imported when chosen, so an optional engine's package is only needed by its users
+ENGINES = {
+    "transformers": "cosmos_robot.text.engines:TransformersEngine",
+    "transformers_static": "cosmos_robot.text.engines:StaticGenerateEngine",
+    "vllm": "cosmos_robot.text.vllm_engine:VLLMEngine",
+}
 
 
-def make_engine(name: str, model: Any, tokenizer: Any, stop_ids: Sequence[int], pad_id: int) -> RolloutEngine:
+def make_engine(
+    name: str,
+    model: Any,
+    tokenizer: Any,
+    stop_ids: Sequence[int],
+    pad_id: int,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> RolloutEngine:
+    """The engine ``name`` on ``model``; ``options[name]`` (a recipe's ``[rollout.<name>]`` table) are its own
+    keyword arguments, other engines' tables are ignored."""
     if name not in ENGINES:
         raise ValueError(f"unknown rollout engine {name!r}; known: {', '.join(ENGINES)}")
-    return ENGINES[name](model, tokenizer, stop_ids, pad_id)
+    module, _, attr = ENGINES[name].partition(":")
+    engine = getattr(importlib.import_module(module), attr)
+    return engine(model, tokenizer, stop_ids, pad_id, **dict((options or {}).get(name, {})))

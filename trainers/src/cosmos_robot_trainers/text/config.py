@@ -143,17 +143,30 @@ def eval_task(config: Any) -> str | None:
     return config.eval.task or config.data.task
 
 
+class VLLMOptions(StrictModel):
+    """``[rollout.vllm]``: the colocated vLLM engine's settings (cosmos_robot.text.vllm_engine)."""
+
+    gpu_memory_utilization: float = Field(default=0.3, gt=0, lt=1)  # share of the whole GPU for vLLM
+    enforce_eager: bool = False  # True: no CUDA graphs (quicker start, slower decode)
+    max_model_len: int | None = Field(default=None, ge=16)  # None: the model config's
+
+
 class TextRolloutConfig(StrictModel):
     """How completions are sampled: engine, group size, prompts per iteration, sampling parameters."""
 
     # "transformers": continuous batching (the default; fastest on a CPU); "transformers_static": one padded
-    # generate with a static, compiled KV cache (for a GPU)
-    engine: Literal["transformers", "transformers_static"] = "transformers"
+    # generate with a static, compiled KV cache (for a GPU); "vllm": vLLM colocated on the trainer's GPU
+    engine: Literal["transformers", "transformers_static", "vllm"] = "transformers"
+    vllm: VLLMOptions = VLLMOptions()
     prompts_per_iter: int = Field(default=16, ge=1)  # distinct prompts per iteration
     group_size: int = Field(default=8, ge=2)  # completions per prompt (G)
     max_new_tokens: int = Field(default=16, ge=1)
     temperature: float = Field(default=1.0, gt=0)  # the trainer scores log-probs at the same temperature
     top_p: float = Field(default=1.0, gt=0, le=1)
+
+    def engine_options(self) -> dict[str, dict[str, Any]]:
+        """Each engine's own table, for ``make_engine``."""
+        return {"vllm": self.vllm.model_dump()}
 
 
 class TextRewardConfig(StrictModel):

@@ -122,7 +122,7 @@ def run_text_dpo(
     run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
     lm, algo, rcfg = run.lm, config.algo, config.rollout
     ref = run.reference()
-    engine = make_engine(rcfg.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
+    engine = make_engine(rcfg.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, rcfg.engine_options())
     offline = load_pairs(Path(str(config.data.path)), lm.tokenizer, lm.stop_ids[0]) if config.data.path else None
     sampler = (
         EpochBatchSampler(len(offline), min(rcfg.prompts_per_iter, len(offline)), config.train.seed)

@@ -339,6 +339,7 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
         {
             "trained_completions": float(rows.numel()),
             "logprob_gap_max": float(gap.max()),
+            "logprob_gap_mean": float(masked_mean(gap, batch.mask)),
             "tis_mean": float(masked_mean(tis, batch.mask)) if tis is not None else 1.0,
             "time/update": time.perf_counter() - t1,
         }
@@ -358,7 +359,9 @@ def run_text_grpo(
     run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
     lm = run.lm
     ref = run.reference() if config.algo.kl_coef > 0 else None
-    engine = make_engine(config.rollout.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
+    engine = make_engine(
+        config.rollout.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, config.rollout.engine_options()
+    )
     run.restore()
     rc, algo = config.rollout, config.algo
     params = sum(p.numel() for p in lm.model.parameters())
