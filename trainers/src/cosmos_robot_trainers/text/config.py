@@ -241,6 +241,69 @@ class TextGRPOConfig(StrictModel):
         return self
 
 
+class TextPPORolloutConfig(TextRolloutConfig):
+    """PPO's rollout: as GRPO's, but one completion per prompt is the usual setting (the critic is the baseline)."""
+
+    group_size: int = Field(default=1, ge=1)
+
+
+class TextPPOAlgoConfig(StrictModel):
+    """Token PPO with a critic (TRL <= 1.12's ``PPOTrainer``; verl's GAE estimator).
+
+    Per-token reward ``r_t = -kl_coef * kl_t`` (``kl_t`` the ``kl_estimator`` of the rollout policy against
+    the frozen reference) plus the task score on the last completion token (minus ``missing_eos_penalty``
+    when the completion was cut); GAE over the completion tokens (the value after the last one is 0);
+    advantages whitened over the batch's tokens; the clipped surrogate and the clipped value loss
+    ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-clip_value) - R)^2)``, both token means."""
+
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    lam: float = Field(default=0.95, ge=0, le=1)
+    clip: float = Field(default=0.2, gt=0)
+    clip_value: float = Field(default=0.2, gt=0)  # TRL 0.2, verl 0.5
+    vf_coef: float = Field(default=0.1, gt=0)  # scales the critic's loss (TRL's default)
+    kl_coef: float = Field(default=0.05, ge=0)  # KL penalty in the reward (0: no reference model loaded)
+    kl_estimator: Literal["k1", "k3"] = "k1"  # TRL's kl_estimator
+    missing_eos_penalty: float | None = Field(default=None, ge=0)
+    whiten_advantages: bool = True
+    tis_cap: float | None = Field(default=2.0, gt=0)  # as GRPO's: engine/trainer mismatch correction
+
+
+class TextPPOCriticConfig(StrictModel):
+    """The value model: a scalar head on its own copy of a backbone (TRL's and verl's separate critic)."""
+
+    # None: the policy's own starting weights (init) under a fresh head; or an HF folder (a causal LM's backbone
+    # or a *ForTokenClassification with one label)
+    init: str | None = None
+    lr: float = Field(default=1e-5, gt=0)  # verl's critic lr
+    grad_clip: float | None = Field(default=1.0, gt=0)
+
+
+class TextPPOConfig(StrictModel):
+    """Token-level PPO of an HF causal LM with a critic and a KL-to-reference penalty in the reward."""
+
+    trainer: Literal["text_ppo"] = "text_ppo"
+    name: str = "text_ppo"
+    init: str  # an HF causal-LM folder (e.g. a text_sft run's final/) or tiny:hf_causal_lm
+    model: TinyLMConfig = Field(default_factory=lambda: TinyLMConfig())
+    data: TextDataConfig = Field(default_factory=lambda: TextDataConfig())
+    rollout: TextPPORolloutConfig = Field(default_factory=lambda: TextPPORolloutConfig())
+    reward: TextRewardConfig = Field(default_factory=lambda: TextRewardConfig())
+    algo: TextPPOAlgoConfig = Field(default_factory=lambda: TextPPOAlgoConfig())
+    critic: TextPPOCriticConfig = Field(default_factory=lambda: TextPPOCriticConfig())
+    optim: TextRLOptimConfig = Field(
+        default_factory=lambda: TextRLOptimConfig(lr=3e-6, warmup_steps=0, schedule="constant", epochs=4)
+    )
+    train: TextRLTrainConfig = Field(default_factory=lambda: TextRLTrainConfig())
+    eval: TextEvalConfig = Field(default_factory=lambda: TextEvalConfig())
+    output: OutputConfig
+
+    @model_validator(mode="after")
+    def _checks(self) -> TextPPOConfig:
+        if self.data.task is None:
+            raise ValueError("text_ppo samples prompts from a text task: set data.task")
+        return self
+
+
 class TextDPOAlgoConfig(StrictModel):
     """DPO: loss form, beta, and how pairs are made from sampled groups."""
 
