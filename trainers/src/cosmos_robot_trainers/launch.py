@@ -26,6 +26,7 @@ TRAINERS: dict[str, tuple[str, str]] = {
     "text_sft": ("cosmos_robot_trainers.text.config:TextSFTConfig", "cosmos_robot_trainers.text.sft:run_text_sft"),
     "text_dpo": ("cosmos_robot_trainers.text.config:TextDPOConfig", "cosmos_robot_trainers.text.dpo:run_text_dpo"),
     "text_grpo": ("cosmos_robot_trainers.text.config:TextGRPOConfig", "cosmos_robot_trainers.text.grpo:run_text_grpo"),
+    "text_opd": ("cosmos_robot_trainers.text.config:TextOPDConfig", "cosmos_robot_trainers.text.opd:run_text_opd"),
     "text_ppo": ("cosmos_robot_trainers.text.config:TextPPOConfig", "cosmos_robot_trainers.text.ppo:run_text_ppo"),
     **{
         name: ("cosmos_robot_trainers.rl.config:RLConfig", "cosmos_robot_trainers.rl.trainer:run_rl")

@@ -304,6 +304,56 @@ class TextPPOConfig(StrictModel):
         return self
 
 
+class TextOPDAlgoConfig(StrictModel):
+    """On-policy distillation: the student samples, the teacher scores every completion token.
+
+    ``loss = "jsd"``: the generalised Jensen-Shannon divergence over the whole vocabulary (GKD; TRL's
+    ``GKDTrainer.generalized_jsd_loss``): ``beta`` 0 is the forward KL(teacher || student), 1 the reverse
+    KL(student || teacher) (on-policy distillation), in between ``beta KL(T || M) + (1 - beta) KL(S || M)`` with
+    ``M = beta T + (1 - beta) S``; summed over completion tokens and divided by their number.
+    ``loss = "sampled_token"``: ``log p_teacher(x_t) - log p_student(x_t)`` of each sampled token is a dense
+    reward; its discounted sum over the following tokens (``gamma``; 0: the token's own) is the advantage of the
+    PPO clipped surrogate (TRL's MiniLLM ``rkl_advantage``)."""
+
+    loss: Literal["jsd", "sampled_token"] = "jsd"
+    beta: float = Field(default=1.0, ge=0, le=1)
+    temperature: float = Field(default=1.0, gt=0)  # the JSD's softmax temperature
+    gamma: float = Field(default=0.0, ge=0, le=1)  # sampled_token: discount of the future per-token rewards
+    clip: float = Field(default=0.2, gt=0)  # sampled_token: PPO clip
+
+
+class TextOPDTeacherConfig(StrictModel):
+    """The teacher: a frozen HF causal-LM folder in this process, sharing the student's tokenizer."""
+
+    init: str
+
+
+class TextOPDConfig(StrictModel):
+    """On-policy distillation of an HF causal LM (the student, ``init``) from a teacher on a task's prompts."""
+
+    trainer: Literal["text_opd"] = "text_opd"
+    name: str = "text_opd"
+    init: str  # the student: an HF causal-LM folder or tiny:hf_causal_lm
+    model: TinyLMConfig = Field(default_factory=lambda: TinyLMConfig())
+    teacher: TextOPDTeacherConfig
+    data: TextDataConfig = Field(default_factory=lambda: TextDataConfig())
+    rollout: TextPPORolloutConfig = Field(default_factory=lambda: TextPPORolloutConfig())
+    reward: TextRewardConfig = Field(default_factory=lambda: TextRewardConfig())  # logged (train_accuracy) only
+    algo: TextOPDAlgoConfig = Field(default_factory=lambda: TextOPDAlgoConfig())
+    optim: TextRLOptimConfig = Field(
+        default_factory=lambda: TextRLOptimConfig(lr=1e-6, warmup_steps=0, schedule="constant")
+    )
+    train: TextRLTrainConfig = Field(default_factory=lambda: TextRLTrainConfig())
+    eval: TextEvalConfig = Field(default_factory=lambda: TextEvalConfig())
+    output: OutputConfig
+
+    @model_validator(mode="after")
+    def _checks(self) -> TextOPDConfig:
+        if self.data.task is None:
+            raise ValueError("text_opd samples prompts from a text task: set data.task")
+        return self
+
+
 class TextDPOAlgoConfig(StrictModel):
     """DPO: loss form, beta, and how pairs are made from sampled groups."""
 
