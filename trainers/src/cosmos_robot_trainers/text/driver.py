@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from cosmos_robot.text.hf import CausalLM
+from cosmos_robot.text.moe import install_router_aux_loss
 from cosmos_robot_trainers.common import MetricsLogger, TrainProgress, configure_torch, seed_everything
 from cosmos_robot_trainers.common import rundir as _rundir
 from cosmos_robot_trainers.sft.optim import build_optimizer
@@ -64,6 +65,7 @@ class TextRun:
         seed_everything(tcfg.seed)
         self.lm: CausalLM = load_lm(config.init, config.model, tcfg.dtype, tcfg.device)
         self.lm.model.train()
+        install_router_aux_loss(self.lm.model)  # MoE: the router balancing loss joins training forwards
         self.optimizer, self.scheduler = build_optimizer(self.lm.model, config.optim, tcfg.steps)
         self.start, self.prior_wall = 0, 0.0
 

@@ -36,6 +36,7 @@ import torch
 
 from cosmos_robot.text.chat import prompt_ids
 from cosmos_robot.text.engines import Completion, SamplingParams, make_engine
+from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot.text.rewards import HttpReward, get_reward
 from cosmos_robot.text.tasks import TextExample, get_task, task_examples
 from cosmos_robot_trainers.algorithms import get as get_algorithm
@@ -316,6 +317,7 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
                 None if ref_lp is None else ref_lp[idx],
                 tis_i,
             )
+            loss = with_router_aux_loss(model, loss, m)  # MoE models: the router balancing term
             yield loss, (float(sub.mask.sum()) if per_token else float(idx.numel())) / max(total, 1e-9), m
 
     sums: dict[str, float] = {}

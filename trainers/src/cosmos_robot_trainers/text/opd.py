@@ -32,6 +32,7 @@ import torch
 
 from cosmos_robot.text.engines import make_engine
 from cosmos_robot.text.hf import CausalLM
+from cosmos_robot.text.moe import router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.text.config import TextOPDConfig
 from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches
@@ -119,13 +120,13 @@ def _loss_parts(
                 per_token = generalized_jsd(completion_logits(model, sub), t_logits, algo.beta, algo.temperature)
                 m = sub.mask[:, start:]
                 loss = (per_token * m).sum() / m.sum().clamp(min=1)
-                yield loss, share, {"jsd": loss.detach()}
+                yield loss + router_aux_loss(model), share, {"jsd": loss.detach()}
             else:
                 logp = sequence_log_probs(model, sub, rcfg.temperature)
                 loss, metrics = get_algorithm("loss", "ppo")(
                     logp, scored["old"][idx], scored["adv"][idx], sub.mask, clip=algo.clip, dual_clip=None
                 )
-                yield loss, share, metrics
+                yield loss + router_aux_loss(model), share, metrics
 
     return parts
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from cosmos_robot.text.chat import TokenizedConversation, read_jsonl, tokenize_conversation
+from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot.text.packing import collate_rows, pack_bfd, packed_logits, token_log_probs
 from cosmos_robot.text.tasks import get_task, task_examples
 from cosmos_robot_trainers.common import EpochBatchSampler
@@ -90,8 +91,12 @@ def run_text_sft(
         members = [rows[r] for r in sampler.next_indices().tolist()]
         batch = collate_rows([[(convs[i].input_ids, convs[i].assistant_mask) for i in m] for m in members], lm.pad_id)
         loss, count = sft_loss(lm.model, {k: v.to(tcfg.device) for k, v in batch.items()})
-        norm = clip_and_step(lm.model, loss, run.optimizer, config.optim.grad_clip)
-        return {"loss": float(loss.detach()), "grad_norm": norm, "tokens": float(count)}
+        aux: dict[str, Any] = {}
+        total = with_router_aux_loss(lm.model, loss, aux)  # MoE models: the router balancing term
+        norm = clip_and_step(lm.model, total, run.optimizer, config.optim.grad_clip)
+        return {"loss": float(loss.detach()), "grad_norm": norm, "tokens": float(count)} | {
+            k: float(v) for k, v in aux.items()
+        }
 
     sampler_state = lambda: {"sampler": sampler.state_dict()}  # noqa: E731
     return run.loop(step, kind="text_sft", save_extra=sampler_state, stop_at_step=stop_at_step)
