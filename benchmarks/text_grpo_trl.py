@@ -17,6 +17,10 @@ are reported as the median.
   ``on_step_begin`` to ``on_step_end`` (generation happens inside its step), its ``generate`` timed
   by wrapping the model's method.
 
+``--trainer ppo`` / ``opd`` time our token PPO (critic and reference included) or on-policy
+distillation (a same-size teacher) on the same batch, without TRL (which has neither in 1.16); their
+MFU counts the policy's FLOPs only.
+
 MFU counts the same model FLOPs for both (2 N per sampled or prompt token, 6 N per trained token;
 N = all parameters, the tied head included once) over the step time and the H200's 989 TFLOP/s
 dense bf16. Usage (on the GPU machine; TRL and datasets carried as wheels):
@@ -89,15 +93,36 @@ def prompts(n: int) -> list[list[dict[str, str]]]:
     return [ex.prompt for ex in task_examples("addition", "train", n, seed=0)]
 
 
+def _trainer_tables(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, dict[str, Any]]:
+    """(config class, run function, trainer-specific tables) of ``--trainer``."""
+    if args.trainer == "ppo":
+        from cosmos_robot_trainers.text.config import TextPPOConfig
+        from cosmos_robot_trainers.text.ppo import run_text_ppo
+
+        # verl's PPO defaults (ppo_qwen3_gsm8k): KL 0.001 in the reward (a reference model), GAE lambda 1
+        tables = {"algo": {"kl_coef": 0.001, "gamma": 1.0, "lam": 1.0}, "critic": {"lr": 1e-5}}
+        return TextPPOConfig, run_text_ppo, tables
+    if args.trainer == "opd":
+        from cosmos_robot_trainers.text.config import TextOPDConfig
+        from cosmos_robot_trainers.text.opd import run_text_opd
+
+        # the teacher is the same folder: the timing of a same-size teacher's full-vocabulary scoring
+        return TextOPDConfig, run_text_opd, {"teacher": {"init": str(folder)}, "algo": {"loss": "jsd"}}
+    from cosmos_robot_trainers.text.config import TextGRPOConfig
+    from cosmos_robot_trainers.text.grpo import run_text_grpo
+
+    tables = {"algo": {"advantage": "grpo", "loss_agg": "seq_mean_token_mean", "filter_groups": False}}
+    return TextGRPOConfig, run_text_grpo, tables
+
+
 def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, Any]:
     import torch
 
     from cosmos_robot.text import rewards
-    from cosmos_robot_trainers.text.config import TextGRPOConfig
-    from cosmos_robot_trainers.text.grpo import run_text_grpo
 
     rewards.REWARDS["bench_chars"] = lambda text, example: bench_reward(text)
-    config = TextGRPOConfig.model_validate(
+    config_cls, run, tables = _trainer_tables(args, folder)
+    config = config_cls.model_validate(
         {
             "init": str(folder),
             "data": {"task": "addition"},
@@ -110,7 +135,6 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
                 "vllm": {"gpu_memory_utilization": args.vllm_memory},
             },
             "reward": {"name": "bench_chars"},
-            "algo": {"advantage": "grpo", "loss_agg": "seq_mean_token_mean", "filter_groups": False},
             "optim": {
                 "lr": 1e-6,
                 "warmup_steps": 0,
@@ -131,11 +155,12 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
             },
             "eval": {"final": False},
             "output": {"dir": str(work / "ours"), "tensorboard": False},
+            **tables,
         }
     )
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    run_text_grpo(config, resume=False, overwrite=True, log=lambda m: None)
+    run(config, resume=False, overwrite=True, log=lambda m: None)
     rows = [json.loads(line) for line in (work / "ours" / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "reward_mean" in r]
     return {
@@ -143,7 +168,7 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
         "rollout_s": [r["time/rollout"] for r in rows],
         "completion_tokens": [r["completion_tokens"] * args.prompts * args.group for r in rows],
         "first_loss": rows[0]["loss"],
-        "logprob_gap": [(r["logprob_gap_mean"], r["logprob_gap_max"]) for r in rows],
+        "logprob_gap": [(r.get("logprob_gap_mean"), r.get("logprob_gap_max")) for r in rows],
         "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None,
     }
 
@@ -260,6 +285,9 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--impl", choices=["both", "ours", "trl"], default="both")
+    ap.add_argument(
+        "--trainer", choices=["grpo", "ppo", "opd"], default="grpo", help="our trainer (TRL runs beside grpo only)"
+    )
     ap.add_argument("--engine", nargs="+", default=["transformers_static"], help="our rollout engine(s)")
     ap.add_argument("--vllm-memory", type=float, default=0.15, help="vLLM's gpu_memory_utilization (--engine vllm)")
     ap.add_argument("--micro-batch", type=int, default=None, help="our micro-batch (completions per backward)")
@@ -280,7 +308,7 @@ def main() -> None:
     prompt_tokens = args.group * sum(len(prompt_ids(lm.tokenizer, p)) for p in prompts(args.prompts))
     del lm
     rows = []
-    runs = [("ours", e) for e in args.engine] + [("trl", None)]
+    runs = [("ours", e) for e in args.engine] + ([("trl", None)] if args.trainer == "grpo" else [])
     for impl, engine in runs:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--impl", impl, "--model-dir", str(folder)]
         cmd += ["--engine", engine] if engine else []
@@ -289,7 +317,7 @@ def main() -> None:
         if proc.returncode or not line:
             print(proc.stdout[-3000:], proc.stderr[-6000:], file=sys.stderr)
             raise SystemExit(f"{impl} failed (exit {proc.returncode})")
-        name = f"ours ({engine})" if engine else "trl (GRPOTrainer, generate)"
+        name = f"ours ({args.trainer}, {engine})" if engine else "trl (GRPOTrainer, generate)"
         rows.append(summarise(name, json.loads(line[0][7:]), n_params, prompt_tokens, args))
     print(
         f"{args.size}: {n_params / 1e6:.1f} M parameters, {args.prompts} prompts x {args.group}, "
@@ -303,10 +331,11 @@ def main() -> None:
             f"| {r['impl']} | {r['step_s']:.3f} | {r['first_step_s']:.2f} | {r['rollout_s']:.3f} | "
             f"{r['rollout_tokens_per_s']:.0f} | {peak} | {100 * r['mfu']:.2f}% | {r['first_loss']} |"
         )
-    for r in rows[:-1]:
+    for r in rows if args.trainer != "grpo" else rows[:-1]:
         if r["logprob_gap"]:
             print(f"{r['impl']}: engine vs trainer log-prob gap per step (mean, max): {r['logprob_gap']}")
-        print(f"speed-up of {r['impl']} (TRL step / our step): {rows[-1]['step_s'] / r['step_s']:.2f}x")
+        if args.trainer == "grpo":
+            print(f"speed-up of {r['impl']} (TRL step / our step): {rows[-1]['step_s'] / r['step_s']:.2f}x")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 
