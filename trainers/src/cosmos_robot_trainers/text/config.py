@@ -216,17 +216,16 @@ class TextRLTrainConfig(TextTrainConfig):
     log_every: int = Field(default=1, ge=1)
 
 
-class TextGRPOConfig(StrictModel):
-    """Online GRPO-family RL of an HF causal LM on a text task with a reward provider."""
+class TextOnlineRLConfig(StrictModel):
+    """What every on-policy text trainer's recipe has: the model, the task its prompts come from, the reward,
+    the optimizer, the run. GRPO, PPO and OPD add their rollout, algorithm (and critic or teacher) tables."""
 
-    trainer: Literal["text_grpo"] = "text_grpo"
-    name: str = "text_grpo"
+    trainer: str
+    name: str
     init: str  # an HF causal-LM folder (e.g. a text_sft run's final/) or tiny:hf_causal_lm
     model: TinyLMConfig = Field(default_factory=lambda: TinyLMConfig())
     data: TextDataConfig = Field(default_factory=lambda: TextDataConfig())
-    rollout: TextRolloutConfig = Field(default_factory=lambda: TextRolloutConfig())
     reward: TextRewardConfig = Field(default_factory=lambda: TextRewardConfig())
-    algo: TextAlgoConfig = Field(default_factory=lambda: TextAlgoConfig())
     optim: TextRLOptimConfig = Field(
         default_factory=lambda: TextRLOptimConfig(lr=1e-6, warmup_steps=0, schedule="constant")
     )
@@ -235,10 +234,19 @@ class TextGRPOConfig(StrictModel):
     output: OutputConfig
 
     @model_validator(mode="after")
-    def _checks(self) -> TextGRPOConfig:
+    def _needs_a_task(self) -> TextOnlineRLConfig:
         if self.data.task is None:
-            raise ValueError("text_grpo samples prompts from a text task: set data.task")
+            raise ValueError(f"{self.trainer} samples prompts from a text task: set data.task")
         return self
+
+
+class TextGRPOConfig(TextOnlineRLConfig):
+    """Online GRPO-family RL of an HF causal LM on a text task with a reward provider."""
+
+    trainer: Literal["text_grpo"] = "text_grpo"
+    name: str = "text_grpo"
+    rollout: TextRolloutConfig = Field(default_factory=lambda: TextRolloutConfig())
+    algo: TextAlgoConfig = Field(default_factory=lambda: TextAlgoConfig())
 
 
 class TextPPORolloutConfig(TextRolloutConfig):
@@ -278,30 +286,17 @@ class TextPPOCriticConfig(StrictModel):
     grad_clip: float | None = Field(default=1.0, gt=0)
 
 
-class TextPPOConfig(StrictModel):
+class TextPPOConfig(TextOnlineRLConfig):
     """Token-level PPO of an HF causal LM with a critic and a KL-to-reference penalty in the reward."""
 
     trainer: Literal["text_ppo"] = "text_ppo"
     name: str = "text_ppo"
-    init: str  # an HF causal-LM folder (e.g. a text_sft run's final/) or tiny:hf_causal_lm
-    model: TinyLMConfig = Field(default_factory=lambda: TinyLMConfig())
-    data: TextDataConfig = Field(default_factory=lambda: TextDataConfig())
     rollout: TextPPORolloutConfig = Field(default_factory=lambda: TextPPORolloutConfig())
-    reward: TextRewardConfig = Field(default_factory=lambda: TextRewardConfig())
     algo: TextPPOAlgoConfig = Field(default_factory=lambda: TextPPOAlgoConfig())
     critic: TextPPOCriticConfig = Field(default_factory=lambda: TextPPOCriticConfig())
     optim: TextRLOptimConfig = Field(
         default_factory=lambda: TextRLOptimConfig(lr=3e-6, warmup_steps=0, schedule="constant", epochs=4)
     )
-    train: TextRLTrainConfig = Field(default_factory=lambda: TextRLTrainConfig())
-    eval: TextEvalConfig = Field(default_factory=lambda: TextEvalConfig())
-    output: OutputConfig
-
-    @model_validator(mode="after")
-    def _checks(self) -> TextPPOConfig:
-        if self.data.task is None:
-            raise ValueError("text_ppo samples prompts from a text task: set data.task")
-        return self
 
 
 class TextOPDAlgoConfig(StrictModel):
@@ -328,30 +323,15 @@ class TextOPDTeacherConfig(StrictModel):
     init: str
 
 
-class TextOPDConfig(StrictModel):
-    """On-policy distillation of an HF causal LM (the student, ``init``) from a teacher on a task's prompts."""
+class TextOPDConfig(TextOnlineRLConfig):
+    """On-policy distillation of an HF causal LM (the student, ``init``) from a teacher on a task's prompts; the
+    task's reward is logged (``train_accuracy``), not trained on."""
 
     trainer: Literal["text_opd"] = "text_opd"
     name: str = "text_opd"
-    init: str  # the student: an HF causal-LM folder or tiny:hf_causal_lm
-    model: TinyLMConfig = Field(default_factory=lambda: TinyLMConfig())
     teacher: TextOPDTeacherConfig
-    data: TextDataConfig = Field(default_factory=lambda: TextDataConfig())
     rollout: TextPPORolloutConfig = Field(default_factory=lambda: TextPPORolloutConfig())
-    reward: TextRewardConfig = Field(default_factory=lambda: TextRewardConfig())  # logged (train_accuracy) only
     algo: TextOPDAlgoConfig = Field(default_factory=lambda: TextOPDAlgoConfig())
-    optim: TextRLOptimConfig = Field(
-        default_factory=lambda: TextRLOptimConfig(lr=1e-6, warmup_steps=0, schedule="constant")
-    )
-    train: TextRLTrainConfig = Field(default_factory=lambda: TextRLTrainConfig())
-    eval: TextEvalConfig = Field(default_factory=lambda: TextEvalConfig())
-    output: OutputConfig
-
-    @model_validator(mode="after")
-    def _checks(self) -> TextOPDConfig:
-        if self.data.task is None:
-            raise ValueError("text_opd samples prompts from a text task: set data.task")
-        return self
 
 
 class TextDPOAlgoConfig(StrictModel):
