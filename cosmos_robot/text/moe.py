@@ -6,8 +6,9 @@ only when ``labels`` are passed; the text trainers compute their own losses from
 this an MoE model trains with no balancing term and its experts collapse. ``install_router_aux_loss``
 puts two hooks on the model once (``TextRun`` does it for every text trainer): before a forward with
 gradients on, it asks for the router logits; after it, it keeps the ``aux_loss`` the model computed.
-A trainer adds ``router_aux_loss(model)`` (``router_aux_loss_coef`` x the losses kept since the last
-call) to its loss and logs the raw value (``router_aux_loss``). Forwards without gradients (scoring,
+A trainer adds ``router_aux_loss(model)`` (``router_aux_loss_coef`` x the last training forward's
+loss, taken once) to that forward's loss and logs the raw value (``router_aux_loss``); only the last
+forward's is kept, so a forward whose loss nobody takes holds no graph. Forwards without gradients (scoring,
 rollouts, evaluation) are left as they were. Dense models get no hooks and a 0.
 """
 
@@ -45,7 +46,9 @@ class _RouterAux:
     def _keep(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
         aux = getattr(output, "aux_loss", None)
         if aux is not None and torch.is_grad_enabled():
-            self.pending.append(aux)
+            # the last training forward's only: a trainer takes it right after its forward, and one that does
+            # not (or a forward nobody backpropagates) must not keep earlier graphs alive
+            self.pending = [aux]
 
 
 def install_router_aux_loss(model: Any) -> bool:
@@ -58,7 +61,7 @@ def install_router_aux_loss(model: Any) -> bool:
 
 
 def router_aux_loss(model: Any) -> torch.Tensor | float:
-    """``router_aux_loss_coef`` x the balancing losses of the training forwards since the last call (0 if none)."""
+    """``router_aux_loss_coef`` x the last training forward's balancing loss, once (0 if none is pending)."""
     state: _RouterAux | None = getattr(model, _ATTR, None)
     if state is None or not state.pending:
         return 0.0

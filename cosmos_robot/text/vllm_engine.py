@@ -126,7 +126,13 @@ class VLLMEngine:
         self.model = model
         if self.llm is None:
             return
-        weights = [(name, tensor.detach()) for name, tensor in model.state_dict().items()]
+        # the checkpoint layout that vLLM's load_weights reads (save_pretrained's): transformers 5 keeps some
+        # weights fused in memory (a MoE layer's experts as one gate_up_proj tensor), revert_weight_conversion
+        # gives them back their checkpoint names and shapes (experts.{e}.gate_proj.weight, ...)
+        from transformers.core_model_loading import revert_weight_conversion
+
+        state = revert_weight_conversion(model, model.state_dict())
+        weights = [(name, tensor.detach()) for name, tensor in state.items()]
         self.llm.apply_model(lambda vllm_model: vllm_model.load_weights(weights))
         self.llm.reset_prefix_cache()
         self.syncs += 1

@@ -156,3 +156,21 @@ def test_grpo_runs_on_the_vllm_engine_and_syncs_after_each_update(tmp_path: Path
     assert len(rows) == 2 and rows[0]["logprob_gap_max"] < 1e-4  # the double samples from the same fp32 weights
     with pytest.raises(Exception, match="gpu_memory_utilization"):
         load_train_recipe("debug_text_grpo", ["rollout.vllm.gpu_memory_utilization=1.5"])
+
+
+def test_a_moe_models_weights_reach_vllm_in_the_checkpoint_layout(double: Any) -> None:
+    """transformers 5 fuses a MoE layer's experts in memory; vLLM's load_weights reads checkpoint names."""
+    from cosmos_robot.text.tiny import char_tokenizer, tiny_causal_lm
+
+    lm = tiny_causal_lm(char_tokenizer("arithmetic"), model_type="qwen3_moe", hidden=16, layers=1, heads=2,
+                        kv_heads=1, intermediate=32)  # fmt: skip
+    assert any("experts.gate_up_proj" in k for k in lm.model.state_dict())  # fused in memory
+    engine = VLLMEngine(lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
+    engine.generate([[1, 2]], 1, SamplingParams(max_new_tokens=2, temperature=0.0))
+    with torch.no_grad():
+        for p in lm.model.parameters():
+            p.add_(0.1)
+    engine.sync_weights(lm.model)
+    (llm,) = double.BUILT
+    for name, tensor in lm.model.state_dict().items():
+        assert torch.equal(llm.hf.state_dict()[name], tensor), name

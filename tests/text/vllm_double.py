@@ -46,14 +46,31 @@ def TokensPrompt(prompt_token_ids: list[int]) -> dict[str, Any]:  # vLLM's Typed
 
 
 class _WorkerModel:
-    """What ``apply_model`` hands to its function: the model, with vLLM's ``load_weights``."""
+    """What ``apply_model`` hands to its function: the model, with vLLM's ``load_weights``, which takes
+    weights by their checkpoint names and shapes (as in the folder's safetensors): the double writes them
+    as a checkpoint beside the folder's config and loads that, so names in transformers' in-memory layout
+    (fused MoE experts, say) fail here as they would in vLLM."""
 
-    def __init__(self, hf: Any) -> None:
-        self.hf = hf
+    def __init__(self, hf: Any, folder: str) -> None:
+        self.hf, self.folder = hf, folder
 
     def load_weights(self, weights: Any) -> set[str]:
-        state = {name: tensor.detach().clone() for name, tensor in weights}
-        self.hf.load_state_dict(state, strict=True)
+        import shutil
+        import tempfile
+        from pathlib import Path
+
+        from safetensors.torch import save_file
+        from transformers import AutoModelForCausalLM
+
+        state = {name: tensor.detach().contiguous().clone() for name, tensor in weights}
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(Path(self.folder) / "config.json", tmp)
+            save_file(state, str(Path(tmp) / "model.safetensors"))
+            loaded = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+        missing = set(self.hf.state_dict()) - set(loaded.state_dict())
+        if missing:
+            raise KeyError(f"load_weights: no weights for {sorted(missing)[:3]}")
+        self.hf.load_state_dict(loaded.state_dict(), strict=True)
         return set(state)
 
 
@@ -68,7 +85,7 @@ class LLM:
         BUILT.append(self)
 
     def apply_model(self, fn: Any) -> list[Any]:
-        return [fn(_WorkerModel(self.hf))]
+        return [fn(_WorkerModel(self.hf, self.folder))]
 
     def reset_prefix_cache(self) -> bool:
         self.prefix_cache_resets += 1

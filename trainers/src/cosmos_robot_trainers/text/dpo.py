@@ -20,6 +20,7 @@ import torch
 
 from cosmos_robot.text.chat import prompt_ids, read_jsonl
 from cosmos_robot.text.engines import Completion, make_engine
+from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import EpochBatchSampler
 from cosmos_robot_trainers.text.config import TextDPOConfig
@@ -94,7 +95,7 @@ def dpo_update(
         for idx in micro_batches(mb, micro):
             pc, pr = pair_log_probs(lm.model, [pairs[i] for i in idx], lm.pad_id, rcfg.temperature, mean)
             loss, m = get_algorithm("loss", "dpo")(pc, pr, ref_c[idx], ref_r[idx], algo.beta, algo.loss)
-            yield loss, len(idx) / len(mb), m
+            yield with_router_aux_loss(lm.model, loss, m), len(idx) / len(mb), m  # MoE: the router balancing term
 
     sums: dict[str, float] = {}
     n = 0

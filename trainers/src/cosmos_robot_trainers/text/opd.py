@@ -19,7 +19,8 @@ token; ``epochs`` passes of minibatches of one of two losses (``algo.loss``):
   tokens as the advantage of the PPO clipped surrogate (TRL's MiniLLM ``rkl_advantage``).
 
 The teacher must share the student's tokenizer: both losses compare the two models token id by token
-id, so ``check_shared_vocabulary`` refuses different vocabularies (or logit widths) by name.
+id, so ``check_shared_vocabulary`` refuses different vocabularies by name. Embedding tables padded past
+the tokenizer may differ in width (the JSD compares the tokenizer's entries).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 
 from cosmos_robot.text.engines import make_engine
 from cosmos_robot.text.hf import CausalLM
-from cosmos_robot.text.moe import router_aux_loss
+from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.text.config import TextOPDConfig
 from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches
@@ -59,9 +60,11 @@ def check_shared_vocabulary(student: CausalLM, teacher: CausalLM, where: str = "
             f"differences (token, id): {differ}). On-policy distillation compares the two models token id by "
             "token id, so they must share one vocabulary"
         )
-    s_width, t_width = student.model.config.vocab_size, teacher.model.config.vocab_size
-    if s_width != t_width:
-        raise ValueError(f"{where}: its logits have {t_width} entries, the student's {s_width}: they must match")
+    # embedding tables are often padded past the tokenizer (Qwen2.5-7B: 152,064 rows, 1.5B: 151,936); the JSD
+    # compares the first len(tokenizer) logits, which both must have
+    n, widths = len(student.tokenizer), (student.model.config.vocab_size, teacher.model.config.vocab_size)
+    if min(widths) < n:
+        raise ValueError(f"{where}: logits of {widths[1]} entries (student {widths[0]}) for {n} tokens")
 
 
 def completion_logits(model: Any, batch: CompletionBatch) -> torch.Tensor:
@@ -104,7 +107,12 @@ def sampled_token_advantages(
 
 
 def _loss_parts(
-    config: TextOPDConfig, model: Any, teacher: Any, batch: CompletionBatch, scored: dict[str, torch.Tensor]
+    config: TextOPDConfig,
+    model: Any,
+    teacher: Any,
+    batch: CompletionBatch,
+    scored: dict[str, torch.Tensor],
+    vocab: int,
 ) -> Callable[[torch.Tensor], Iterator[tuple[torch.Tensor, float, dict[str, Any]]]]:
     """For a minibatch of rows: ``(loss, token share, metrics)`` per micro-batch of the recipe's loss."""
     algo, rcfg, start = config.algo, config.rollout, batch.prompt_width
@@ -117,16 +125,18 @@ def _loss_parts(
             if algo.loss == "jsd":
                 with torch.no_grad():
                     t_logits = completion_logits(teacher, sub)
-                per_token = generalized_jsd(completion_logits(model, sub), t_logits, algo.beta, algo.temperature)
+                s_logits = completion_logits(model, sub)[..., :vocab]
+                per_token = generalized_jsd(s_logits, t_logits[..., :vocab], algo.beta, algo.temperature)
                 m = sub.mask[:, start:]
                 loss = (per_token * m).sum() / m.sum().clamp(min=1)
-                yield loss + router_aux_loss(model), share, {"jsd": loss.detach()}
+                metrics = {"jsd": loss.detach()}
+                yield with_router_aux_loss(model, loss, metrics), share, metrics
             else:
                 logp = sequence_log_probs(model, sub, rcfg.temperature)
                 loss, metrics = get_algorithm("loss", "ppo")(
                     logp, scored["old"][idx], scored["adv"][idx], sub.mask, clip=algo.clip, dual_clip=None
                 )
-                yield loss + router_aux_loss(model), share, metrics
+                yield with_router_aux_loss(model, loss, metrics), share, metrics
 
     return parts
 
@@ -145,7 +155,7 @@ def opd_iteration(config: TextOPDConfig, lm: Any, teacher: Any, engine: Any, opt
         old = torch.cat([sequence_log_probs(model, batch.select(p), rcfg.temperature) for p in pieces])
         t_lp = torch.cat([sequence_log_probs(teacher, batch.select(p), rcfg.temperature) for p in pieces])
     scored = {"old": old, "adv": sampled_token_advantages(t_lp, old, batch.mask, algo.gamma)}
-    parts = _loss_parts(config, model, teacher, batch, scored)
+    parts = _loss_parts(config, model, teacher, batch, scored, len(lm.tokenizer))
     sums: dict[str, float] = {}
     n_steps = 0
     g = torch.Generator().manual_seed(config.train.seed * 104_729 + it)

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from cosmos_robot.text.engines import make_engine
-from cosmos_robot.text.moe import router_aux_loss
+from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import normalize_advantages
 from cosmos_robot_trainers.algorithms.losses import masked_mean
@@ -164,7 +164,7 @@ def ppo_iteration(
                         logp, old[idx], adv[idx], sub.mask, clip=algo.clip, dual_clip=None,
                         loss_agg="token_mean", token_weights=None if tis is None else tis[idx],
                     )  # fmt: skip
-                    yield loss + router_aux_loss(model), float(sub.mask.sum()) / total, m
+                    yield with_router_aux_loss(model, loss, m), float(sub.mask.sum()) / total, m
 
             def critic_parts(mb: torch.Tensor = mb, total: float = total) -> Iterator[tuple]:
                 for idx in micro_batches(mb, ocfg.micro_batch_size):

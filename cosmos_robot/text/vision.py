@@ -1,0 +1,172 @@
+"""Qwen3-VL on the text stack: tiny real-format models, image-text sequences, and packing with M-RoPE.
+
+Why here: the VLM paths (SFT, GRPO, PPO on images; issue 18) reuse the text trainers, which batch by
+packing several sequences into one row. A Qwen3-VL sequence carries more than token ids: each image
+becomes ``<|vision_start|>`` + one ``<|image_pad|>`` per merged patch + ``<|vision_end|>``, its
+pixels go in ``pixel_values`` (patches, ``3 * temporal * patch * patch``) with ``image_grid_thw``,
+``mm_token_type_ids`` marks image tokens (transformers 5.x requires it), and positions are
+three-dimensional (M-RoPE: time, height, width). ``pack_vl`` packs such sequences the way the text
+packer does: each sequence's own M-RoPE positions from the model's ``get_rope_index``, plus a fourth
+leading row of text positions that restart at 0 for every sequence; transformers' Qwen3-VL reads that
+row to keep packed sequences from attending to each other, but only without a KV cache (``use_cache=False``;
+with the default cache the second sequence attends to the first, which ``tests/text/test_vision.py`` catches).
+
+Images are prepared by transformers' own ``Qwen2VLImageProcessor`` (the processor Qwen3-VL checkpoints
+name), so a real checkpoint's folder and a tiny one go through the same code. There is no hub here:
+``tiny_qwen3_vl`` builds a random ``Qwen3VLForConditionalGeneration`` from a config (TRL's tiny-model
+recipe: M-RoPE sections summing to half the head dimension, a two-block vision tower with one
+deepstack layer) over the character tokenizer plus the vision tokens, and ``write_tiny_vl`` saves it as
+an HF folder (model, tokenizer, image processor) that transformers loads unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cosmos_robot.text.tiny import char_tokenizer
+
+__all__ = [
+    "IMAGE_PLACEHOLDER",
+    "VISION_TOKENS",
+    "VLSequence",
+    "image_processor",
+    "pack_vl",
+    "tiny_qwen3_vl",
+    "vl_sequence",
+    "vl_tokenizer",
+    "write_tiny_vl",
+]
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+IMAGE_PLACEHOLDER = "<image>"  # in a prompt's text: where an image goes (expanded by vl_sequence)
+
+
+def vl_tokenizer(alphabet: str = "printable") -> Any:
+    """The character tokenizer (``cosmos_robot.text.tiny``) with Qwen-VL's vision tokens as specials."""
+    tok = char_tokenizer(alphabet)
+    tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+    return tok
+
+
+def image_processor(side: int = 64, patch: int = 16, merge: int = 2) -> Any:
+    """transformers' ``Qwen2VLImageProcessor`` resizing every image to ``side`` x ``side`` pixels."""
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    pixels = side * side
+    return Qwen2VLImageProcessor(
+        patch_size=patch, temporal_patch_size=2, merge_size=merge, min_pixels=pixels, max_pixels=pixels
+    )
+
+
+def tiny_qwen3_vl(tokenizer: Any, *, hidden: int = 32, layers: int = 2, heads: int = 4, seed: int = 0) -> Any:
+    """A random ``Qwen3VLForConditionalGeneration`` over ``tokenizer`` (which must have ``VISION_TOKENS``)."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    head_dim = hidden // heads
+    if head_dim < 8 or head_dim % 2:
+        raise ValueError(f"hidden / heads = {head_dim}: M-RoPE needs an even head dimension of at least 8")
+    half = head_dim // 2  # the M-RoPE sections (time, height, width) sum to head_dim / 2
+    sections = [half - 2 * (half // 4), half // 4, half // 4]
+    settings: dict[str, Any] = dict(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": hidden,
+            "intermediate_size": 2 * hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": max(1, heads // 2),
+            "head_dim": head_dim,
+            "rope_scaling": {"rope_type": "default", "mrope_section": sections, "mrope_interleaved": True},
+            "max_position_embeddings": 1024,
+            "tie_word_embeddings": True,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_heads": 4,
+            "out_hidden_size": hidden,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "deepstack_visual_indexes": [1],
+            "num_position_embeddings": 64,
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    config = Qwen3VLConfig(**settings)  # transformers' config takes these as keyword arguments
+    torch.manual_seed(seed)
+    return Qwen3VLForConditionalGeneration(config)
+
+
+def write_tiny_vl(out: str | Path, *, alphabet: str = "printable", **sizes: Any) -> Path:
+    """Save a tiny random Qwen3-VL, its tokenizer and image processor as an HF folder under ``out``."""
+    root = Path(out)
+    tok = vl_tokenizer(alphabet)
+    model = tiny_qwen3_vl(tok, **sizes)
+    root.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(root, safe_serialization=True)
+    tok.save_pretrained(root)
+    image_processor().save_pretrained(root)
+    return root
+
+
+@dataclass
+class VLSequence:
+    """One image-text sequence, ready for the model: (1, L) ids and types, its images' patches and grids."""
+
+    input_ids: torch.Tensor
+    mm_token_type_ids: torch.Tensor  # 0 text, 1 image
+    pixel_values: torch.Tensor | None  # (patches, 3 * temporal * patch * patch)
+    image_grid_thw: torch.Tensor | None  # (images, 3)
+
+
+def vl_sequence(tokenizer: Any, processor: Any, text: str, images: Sequence[np.ndarray]) -> VLSequence:
+    """``text`` with one ``IMAGE_PLACEHOLDER`` per image, each expanded to the vision tokens its grid needs."""
+    parts = text.split(IMAGE_PLACEHOLDER)
+    if len(parts) - 1 != len(images):
+        raise ValueError(f"{len(parts) - 1} {IMAGE_PLACEHOLDER} placeholders in the text for {len(images)} images")
+    pixel_values = grid = None
+    expanded = parts[0]
+    if images:
+        inputs = processor(images=list(images), return_tensors="pt")
+        pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+        merge = int(processor.merge_size) ** 2
+        for part, thw in zip(parts[1:], grid, strict=True):
+            expanded += "<|vision_start|>" + "<|image_pad|>" * (int(thw.prod()) // merge) + "<|vision_end|>" + part
+    ids = tokenizer(expanded, return_tensors="pt").input_ids
+    types = (ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).int()
+    return VLSequence(ids, types, pixel_values, grid)
+
+
+def pack_vl(model: Any, sequences: Sequence[VLSequence]) -> dict[str, Any]:
+    """Sequences packed into one row: the model's keyword arguments (forward them with ``use_cache=False``).
+
+    ``position_ids`` is (4, 1, L): text positions restarting at 0 per sequence, then each sequence's M-RoPE
+    (time, height, width) from ``get_rope_index``."""
+    positions = []
+    for s in sequences:
+        rope, _ = model.model.get_rope_index(s.input_ids, s.mm_token_type_ids, image_grid_thw=s.image_grid_thw)
+        text = torch.arange(s.input_ids.shape[1], device=rope.device).view(1, 1, -1)
+        positions.append(torch.cat([text, rope], dim=0))
+    images = [s for s in sequences if s.pixel_values is not None]
+    return {
+        "input_ids": torch.cat([s.input_ids for s in sequences], dim=1),
+        "mm_token_type_ids": torch.cat([s.mm_token_type_ids for s in sequences], dim=1),
+        "position_ids": torch.cat(positions, dim=-1),
+        "pixel_values": torch.cat([s.pixel_values for s in images]) if images else None,  # type: ignore[misc]
+        "image_grid_thw": torch.cat([s.image_grid_thw for s in images]) if images else None,  # type: ignore[misc]
+    }
