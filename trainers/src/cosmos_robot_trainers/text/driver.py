@@ -24,8 +24,8 @@ from cosmos_robot.text.hf import CausalLM
 from cosmos_robot.text.moe import install_router_aux_loss
 from cosmos_robot_trainers.common import MetricsLogger, TrainProgress, configure_torch, seed_everything
 from cosmos_robot_trainers.common import rundir as _rundir
-from cosmos_robot_trainers.sft.optim import build_optimizer
 from cosmos_robot_trainers.text.config import RUNTIME_FIELDS
+from cosmos_robot_trainers.text.precision import build_text_optimizer
 from cosmos_robot_trainers.text.state import (
     evaluate_config,
     finish_run,
@@ -66,7 +66,7 @@ class TextRun:
         self.lm: CausalLM = load_lm(config.init, config.model, tcfg.dtype, tcfg.device)
         self.lm.model.train()
         install_router_aux_loss(self.lm.model)  # MoE: the router balancing loss joins training forwards
-        self.optimizer, self.scheduler = build_optimizer(self.lm.model, config.optim, tcfg.steps)
+        self.optimizer, self.scheduler = build_text_optimizer(self.lm.model, config.optim, tcfg.steps)
         self.start, self.prior_wall = 0, 0.0
 
     def reference(self) -> Any:

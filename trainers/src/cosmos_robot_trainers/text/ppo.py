@@ -40,10 +40,10 @@ from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import normalize_advantages
 from cosmos_robot_trainers.algorithms.losses import masked_mean
-from cosmos_robot_trainers.sft.optim import build_optimizer
 from cosmos_robot_trainers.text.config import TINY_INIT, TextPPOConfig
 from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
+from cosmos_robot_trainers.text.precision import build_text_optimizer
 
 __all__ = ["build_critic", "critic_values", "ppo_advantages", "ppo_iteration", "run_text_ppo", "token_rewards"]
 
@@ -209,7 +209,7 @@ def run_text_ppo(
     ref = run.reference() if algo.kl_coef > 0 else None
     critic = build_critic(config, lm.model)
     critic_cfg = config.optim.model_copy(update={"lr": config.critic.lr, "grad_clip": config.critic.grad_clip})
-    critic_opt, critic_sched = build_optimizer(critic, critic_cfg, config.train.steps)
+    critic_opt, critic_sched = build_text_optimizer(critic, critic_cfg, config.train.steps)
     engine = make_engine(rc.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, rc.engine_options())
 
     def load_extra(saved: dict[str, Any]) -> None:
