@@ -125,3 +125,10 @@ def test_ppo_recipe_learns_nothing_wrong_resumes_exactly_and_exports(tmp_path: P
     assert rows(tmp_path / "b") == first  # critic, its optimizer and schedule restored with the policy
     AutoModelForCausalLM.from_pretrained(result.final_dir, local_files_only=True)
     AutoModelForTokenClassification.from_pretrained(tmp_path / "a" / "critic_final", local_files_only=True)
+    from typer.testing import CliRunner
+
+    from cosmos_robot.cli import app
+
+    exported = CliRunner().invoke(app, ["export", str(tmp_path / "a"), "--out", str(tmp_path / "exp")])
+    assert exported.exit_code == 0, exported.output
+    AutoModelForCausalLM.from_pretrained(tmp_path / "exp", local_files_only=True)  # the policy, as an HF folder
