@@ -102,6 +102,11 @@ def test_the_critic_values_each_token_from_the_position_that_predicts_it(lm: obj
         config.model_copy(update={"critic": config.critic.model_copy(update={"init": str(folder)})}), lm.model
     )  # type: ignore[attr-defined]
     assert torch.equal(from_folder.state_dict()["model.norm.weight"], lm.model.state_dict()["model.norm.weight"])  # type: ignore[attr-defined]
+    from cosmos_robot.policies.registry import CheckpointError
+
+    missing = config.critic.model_copy(update={"init": str(tmp_path / "nowhere")})
+    with pytest.raises(CheckpointError, match=r"critic.init: .*nowhere does not load as a value model"):
+        build_critic(config.model_copy(update={"critic": missing}), lm.model)  # type: ignore[attr-defined]
 
 
 def test_ppo_recipe_learns_nothing_wrong_resumes_exactly_and_exports(tmp_path: Path) -> None:

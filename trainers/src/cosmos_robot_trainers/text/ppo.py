@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.policies.registry import CheckpointError
 from cosmos_robot.text.engines import make_engine
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
@@ -93,7 +94,13 @@ def build_critic(config: TextPPOConfig, policy: Any) -> Any:
     if source is None and config.init != TINY_INIT:
         source = config.init
     if source is not None:
-        critic = AutoModelForTokenClassification.from_pretrained(source, num_labels=1, local_files_only=True)
+        try:
+            critic = AutoModelForTokenClassification.from_pretrained(source, num_labels=1, local_files_only=True)
+        except Exception as exc:  # transformers raises many kinds; name the folder and the recipe key
+            key = "critic.init" if config.critic.init is not None else "init (the critic's default)"
+            raise CheckpointError(
+                f"{key}: {source} does not load as a value model ({type(exc).__name__}: {exc})"
+            ) from exc
     else:
         config_1 = copy.deepcopy(policy.config)
         config_1.num_labels = 1
