@@ -39,6 +39,7 @@ __all__ = [
     "StaticGenerateEngine",
     "TransformersEngine",
     "make_engine",
+    "refuse_images",
 ]
 
 
@@ -66,6 +67,7 @@ class Completion:
     log_probs: list[float]  # the sampler's log-prob of each token in ``ids`` (temperature applied); [] if not asked
     stopped: bool  # ended on a stop token (False: cut at max_new_tokens)
     text: str  # decoded without the stop token and special tokens
+    images: Any = None  # the prompt's ImageInputs (cosmos_robot.text.vision) for an image-text prompt, else None
 
 
 class RolloutEngine(Protocol):
@@ -73,9 +75,20 @@ class RolloutEngine(Protocol):
     # that scores the batch anyway asks for none (SamplingParams.log_probs=False) and uses its own
     scores_by_forward: bool
 
-    def generate(self, prompts: Sequence[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]: ...
+    def generate(
+        self, prompts: Sequence[list[int]], n: int, params: SamplingParams, images: Sequence[Any] | None = None
+    ) -> list[list[Completion]]: ...
 
     def sync_weights(self, model: Any) -> None: ...
+
+
+def refuse_images(engine: str, images: Sequence[Any] | None) -> None:
+    """An ``EngineError`` when an engine that samples text only is handed image prompts."""
+    if images is not None and any(im is not None for im in images):
+        raise EngineError(
+            f"rollout engine {engine!r} samples text-only prompts; prompts with images need "
+            "rollout.engine = 'transformers_static'"
+        )
 
 
 def generation_config(params: SamplingParams, stop_ids: Sequence[int], pad_id: int, **extra: Any) -> Any:
@@ -109,9 +122,12 @@ class TransformersEngine:
         if model is not self.model:  # a different module: share its tensors (no copy)
             self.model = model
 
-    def generate(self, prompts: Sequence[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[list[int]], n: int, params: SamplingParams, images: Sequence[Any] | None = None
+    ) -> list[list[Completion]]:
         from transformers import ContinuousBatchingConfig
 
+        refuse_images(self.name, images)
         if not prompts:
             return []
         config = generation_config(params, self.stop_ids, self.pad_id)
@@ -190,34 +206,50 @@ class StaticGenerateEngine:
             attn[i, width - len(p) :] = 1
         return ids.to(device), attn.to(device), width
 
-    def _log_probs(self, ids: torch.Tensor, attn: torch.Tensor, width: int, temperature: float) -> torch.Tensor:
+    def _log_probs(
+        self, ids: torch.Tensor, attn: torch.Tensor, width: int, temperature: float, images: list[Any]
+    ) -> torch.Tensor:
+        from cosmos_robot.text.vision import image_kwargs
+
         out = []
         keep = ids.shape[1] - width + 1
         for i in range(0, ids.shape[0], self.micro_batch):
+            rows = ids[i : i + self.micro_batch]
             logits = self.model(
-                input_ids=ids[i : i + self.micro_batch],
+                input_ids=rows,
                 attention_mask=attn[i : i + self.micro_batch],
                 use_cache=False,
                 logits_to_keep=keep,
+                **image_kwargs(self.model, rows, images[i : i + self.micro_batch]),
             ).logits[:, :-1]
             logp = torch.log_softmax(logits.float() / (temperature or 1.0), dim=-1)
             out.append(logp.gather(-1, ids[i : i + self.micro_batch, width:].unsqueeze(-1)).squeeze(-1))
         return torch.cat(out)
 
-    def generate(self, prompts: Sequence[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[list[int]], n: int, params: SamplingParams, images: Sequence[Any] | None = None
+    ) -> list[list[Completion]]:
+        """``images``: each prompt's ``ImageInputs`` (or None) for an image-text model."""
+        from cosmos_robot.text.vision import image_kwargs, vision_token_ids
+
         if not prompts:
             return []
         model = self.model
         device = next(model.parameters()).device
         inputs = [list(p) for p in prompts for _ in range(n)]
+        row_images = [im for im in (images or [None] * len(prompts)) for _ in range(n)]
         ids, attn, width = self._batch(inputs, device)
-        config = generation_config(params, self.stop_ids, self.pad_id, cache_implementation="static")
+        vision = image_kwargs(model, ids, row_images)
+        extra: dict[str, Any] = {"cache_implementation": "static"}
+        if vision:  # a sampled vision token would be an image without pixels: never sample them
+            extra["suppress_tokens"] = vision_token_ids(model)
+        config = generation_config(params, self.stop_ids, self.pad_id, **extra)
         was_training = model.training
         model.eval()
         try:
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.inference_mode():
                 torch.manual_seed(params.seed)
-                out = model.generate(input_ids=ids, attention_mask=attn, generation_config=config)
+                out = model.generate(input_ids=ids, attention_mask=attn, generation_config=config, **vision)
                 new = out[:, width:]
                 stop = torch.isin(new, torch.tensor(self.stop_ids, device=device))
                 # tokens after the first stop are padding: count each row's length up to its stop
@@ -228,10 +260,10 @@ class StaticGenerateEngine:
                 logp = None
                 if params.log_probs:
                     full_attn = torch.cat([attn, keep.long()], dim=1)
-                    logp = self._log_probs(out, full_attn, width, params.temperature).cpu()
+                    logp = self._log_probs(out, full_attn, width, params.temperature, row_images).cpu()
         finally:
             model.train(was_training)
-        return self._completions(prompts, n, new.cpu(), first.cpu(), stop.any(1).cpu(), logp)
+        return self._completions(prompts, n, new.cpu(), first.cpu(), stop.any(1).cpu(), logp, images)
 
     def _completions(
         self,
@@ -241,6 +273,7 @@ class StaticGenerateEngine:
         lengths: torch.Tensor,
         stopped: torch.Tensor,
         logp: torch.Tensor | None,
+        images: Sequence[Any] | None = None,
     ) -> list[list[Completion]]:
         results: list[list[Completion]] = []
         for i, prompt in enumerate(prompts):
@@ -252,7 +285,7 @@ class StaticGenerateEngine:
                 did_stop = bool(stopped[r])
                 text = self.tokenizer.decode(tokens[:-1] if did_stop else tokens, skip_special_tokens=True)
                 lps = [] if logp is None else [float(x) for x in logp[r, :length]]
-                group.append(Completion(list(prompt), tokens, lps, did_stop, text))
+                group.append(Completion(list(prompt), tokens, lps, did_stop, text, images[i] if images else None))
             results.append(group)
         return results
 

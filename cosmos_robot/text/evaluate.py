@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cosmos_robot.text.chat import prompt_ids
-from cosmos_robot.text.engines import SamplingParams, TransformersEngine
+from cosmos_robot.text.engines import SamplingParams, StaticGenerateEngine, TransformersEngine
 from cosmos_robot.text.hf import CausalLM, load_causal_lm
 from cosmos_robot.text.rewards import get_reward
 from cosmos_robot.text.tasks import TextExample, get_task, task_examples
+from cosmos_robot.text.vision import example_prompt
 
 __all__ = ["TEXT_SUITE_PREFIX", "evaluate_lm", "run_text_eval", "text_task_of"]
 
@@ -43,13 +43,17 @@ def evaluate_lm(
     batch_size: int = 256,
 ) -> list[dict[str, Any]]:
     """One row per example: prompt, completion, reward, success (reward >= 1)."""
-    engine = TransformersEngine(lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
+    visual = any(ex.images for ex in examples)
+    # image prompts: one padded generate (the continuous-batching engine samples text only)
+    kind = StaticGenerateEngine if visual else TransformersEngine
+    engine = kind(lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id)
     rows: list[dict[str, Any]] = []
     for start in range(0, len(examples), batch_size):
         chunk = examples[start : start + batch_size]
         task_reward = get_reward(reward or get_task(chunk[0].task).reward)
-        prompts = [prompt_ids(lm.tokenizer, ex.prompt, where=f"{ex.task} seed {ex.seed}") for ex in chunk]
-        groups = engine.generate(prompts, 1, SamplingParams(max_new_tokens, temperature, 1.0, seed + start))
+        inputs = [example_prompt(lm.tokenizer, lm.processor, ex) for ex in chunk]
+        params = SamplingParams(max_new_tokens, temperature, 1.0, seed + start, log_probs=False)
+        groups = engine.generate([p for p, _ in inputs], 1, params, images=[im for _, im in inputs] if visual else None)
         for ex, (completion,) in zip(chunk, groups):
             r = float(task_reward(completion.text, ex.ground_truth()))
             rows.append(

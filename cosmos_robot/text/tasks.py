@@ -13,7 +13,9 @@ Tasks (all offline, generated here):
 - ``countdown``: reach a target with 3-4 numbers and ``+ - * /`` (TinyZero's prompt and reward);
 - ``rg/<dataset>``: any of reasoning-gym's offline generators (``rg/gsm_symbolic``, ``rg/countdown``,
   ...) with its own scorer (``reasoning_gym_tasks.py``);
-- ``jsonl:PATH``: a prompt file the user has, e.g. GSM8K's JSONL (``file_tasks.py``).
+- ``jsonl:PATH``: a prompt file the user has, e.g. GSM8K's JSONL (``file_tasks.py``);
+- ``shapes/<question>``: questions about a rendered image (``shapes/count``, ``shapes/left_right``,
+  ``shapes/mixed``) for image-text models (``visual_tasks.py``).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TASKS", "TASK_PROVIDERS", "TextExample", "TextTask", "get_task", "task_examples"]
+__all__ = ["IMAGE_PLACEHOLDER", "TASKS", "TASK_PROVIDERS", "TextExample", "TextTask", "get_task", "task_examples"]
 
+IMAGE_PLACEHOLDER = "<image>"  # where an image goes in a prompt's text (expanded by cosmos_robot.text.vision)
 SPLITS = ("train", "eval")
 EVAL_SHARE = 10  # one problem in EVAL_SHARE is held out
 
@@ -41,6 +44,9 @@ class TextExample:
     answer: str
     solution: str
     fields: dict[str, Any] = field(default_factory=dict)
+    # the prompt's images (H, W, 3) uint8, one per ``<image>`` placeholder (cosmos_robot.text.vision); visual
+    # tasks draw them from ``fields`` (a scene), so the ground truth stays JSON-serialisable
+    images: tuple[Any, ...] = field(default=(), compare=False, repr=False)
 
     def ground_truth(self) -> dict[str, Any]:
         """What a reward scorer reads (``answer`` plus task fields); JSON-serialisable."""
@@ -49,6 +55,16 @@ class TextExample:
     @property
     def problem(self) -> str:
         return self.prompt[-1]["content"]
+
+    @property
+    def key(self) -> str:
+        """What identifies the problem: its text, plus the fields its images are drawn from (a visual task asks
+        the same question of many scenes)."""
+        if not self.images:
+            return self.problem
+        import json
+
+        return f"{self.problem}\n{json.dumps(self.fields, sort_keys=True)}"
 
 
 Made = tuple[str, str, str, dict[str, Any]]  # (problem text, answer, solution, fields)
@@ -60,6 +76,7 @@ class TextTask:
 
     ``make_indexed(seed)`` replaces ``make`` for tasks whose problems are a list (a file's lines);
     ``split_by_hash = False`` puts every problem in both splits (a file has no held-out part of its own).
+    ``render(fields) -> images`` makes a visual task's images (``TextExample.images``) from its fields.
     """
 
     name: str
@@ -69,6 +86,7 @@ class TextTask:
     description: str = ""
     make_indexed: Callable[[int], Made] | None = None
     split_by_hash: bool = True
+    render: Callable[[dict[str, Any]], list[Any]] | None = None
 
     def example(self, seed: int) -> TextExample:
         if self.make_indexed is not None:
@@ -80,10 +98,11 @@ class TextTask:
         messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
             {"role": "user", "content": problem}
         ]
-        return TextExample(self.name, seed, messages, answer, solution, fields)
+        images = tuple(self.render(fields)) if self.render is not None else ()
+        return TextExample(self.name, seed, messages, answer, solution, fields, images)
 
     def split_of(self, example: TextExample) -> str:
-        digest = hashlib.sha256(f"{self.name}:{example.problem}".encode()).digest()
+        digest = hashlib.sha256(f"{self.name}:{example.key}".encode()).digest()
         return "eval" if digest[0] % EVAL_SHARE == 0 else "train"
 
     def in_split(self, example: TextExample, split: str) -> bool:
@@ -146,6 +165,7 @@ TASKS: dict[str, TextTask] = {
 TASK_PROVIDERS: dict[str, str] = {
     "rg/": "cosmos_robot.text.reasoning_gym_tasks:rg_task",
     "jsonl:": "cosmos_robot.text.file_tasks:file_task",
+    "shapes/": "cosmos_robot.text.visual_tasks:shapes_task",
 }
 
 
@@ -185,8 +205,8 @@ def task_examples(task: str | TextTask, split: str, n: int, seed: int = 0) -> li
         tries += 1
         if tries > 200 * n + 10_000:
             raise ValueError(f"text task {t.name}: could not draw {n} distinct {split} problems ({len(out)} found)")
-        if not t.in_split(ex, split) or ex.problem in seen:
+        if not t.in_split(ex, split) or ex.key in seen:
             continue
-        seen.add(ex.problem)
+        seen.add(ex.key)
         out.append(ex)
     return out

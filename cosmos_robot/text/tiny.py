@@ -132,8 +132,16 @@ def tiny_causal_lm(
 def tiny_from_table(table: dict[str, Any]) -> CausalLM:
     """A tiny model from a recipe's ``[model]`` table (``model_type``, ``alphabet`` and the sizes)."""
     sizes = dict(table)
-    tokenizer = char_tokenizer(sizes.pop("alphabet", "printable"))
-    return tiny_causal_lm(tokenizer, model_type=sizes.pop("model_type", "qwen3"), **sizes)
+    alphabet, model_type = sizes.pop("alphabet", "printable"), sizes.pop("model_type", "qwen3")
+    vision = {k: sizes.pop(k) for k in ("vision_hidden", "vision_depth", "image_side") if k in sizes}
+    if model_type == "qwen3_vl":  # an image-text model: cosmos_robot.text.vision
+        from cosmos_robot.text.vision import image_processor, tiny_qwen3_vl, vl_tokenizer
+
+        sizes.pop("experts", None)
+        side = vision.pop("image_side", 64)
+        tokenizer = vl_tokenizer(alphabet)
+        return CausalLM(tiny_qwen3_vl(tokenizer, **sizes, **vision), tokenizer, None, image_processor(side))
+    return tiny_causal_lm(char_tokenizer(alphabet), model_type=model_type, **sizes)
 
 
 def write_tiny(out: str | Path, *, model_type: str = "qwen3", alphabet: str = DEFAULT_ALPHABET, **sizes: Any) -> Path:

@@ -29,22 +29,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos_robot.text.tasks import IMAGE_PLACEHOLDER
 from cosmos_robot.text.tiny import char_tokenizer
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
     "VISION_TOKENS",
+    "ImageInputs",
     "VLSequence",
+    "collate_vl_rows",
+    "example_conversation",
+    "example_prompt",
+    "expand_images",
+    "image_kwargs",
     "image_processor",
+    "is_vl_model",
     "pack_vl",
     "tiny_qwen3_vl",
     "vl_sequence",
+    "vision_token_ids",
     "vl_tokenizer",
     "write_tiny_vl",
 ]
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-IMAGE_PLACEHOLDER = "<image>"  # in a prompt's text: where an image goes (expanded by vl_sequence)
 
 
 def vl_tokenizer(alphabet: str = "printable") -> Any:
@@ -64,10 +72,25 @@ def image_processor(side: int = 64, patch: int = 16, merge: int = 2) -> Any:
     )
 
 
-def tiny_qwen3_vl(tokenizer: Any, *, hidden: int = 32, layers: int = 2, heads: int = 4, seed: int = 0) -> Any:
+def tiny_qwen3_vl(
+    tokenizer: Any,
+    *,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int | None = None,
+    intermediate: int | None = None,
+    max_positions: int = 1024,
+    vision_hidden: int = 16,
+    vision_depth: int = 2,
+    seed: int = 0,
+) -> Any:
     """A random ``Qwen3VLForConditionalGeneration`` over ``tokenizer`` (which must have ``VISION_TOKENS``)."""
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
+    missing = [t for t in VISION_TOKENS if t not in tokenizer.get_vocab()]
+    if missing:
+        raise ValueError(f"the tokenizer lacks the vision tokens {missing} (use vl_tokenizer)")
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     head_dim = hidden // heads
     if head_dim < 8 or head_dim % 2:
@@ -78,27 +101,27 @@ def tiny_qwen3_vl(tokenizer: Any, *, hidden: int = 32, layers: int = 2, heads: i
         text_config={
             "vocab_size": len(tokenizer),
             "hidden_size": hidden,
-            "intermediate_size": 2 * hidden,
+            "intermediate_size": intermediate or 2 * hidden,
             "num_hidden_layers": layers,
             "num_attention_heads": heads,
-            "num_key_value_heads": max(1, heads // 2),
+            "num_key_value_heads": kv_heads or max(1, heads // 2),
             "head_dim": head_dim,
             "rope_scaling": {"rope_type": "default", "mrope_section": sections, "mrope_interleaved": True},
-            "max_position_embeddings": 1024,
+            "max_position_embeddings": max_positions,
             "tie_word_embeddings": True,
             "eos_token_id": tokenizer.eos_token_id,
             "pad_token_id": tokenizer.pad_token_id,
         },
         vision_config={
-            "depth": 2,
-            "hidden_size": 16,
-            "intermediate_size": 32,
+            "depth": vision_depth,
+            "hidden_size": vision_hidden,
+            "intermediate_size": 2 * vision_hidden,
             "num_heads": 4,
             "out_hidden_size": hidden,
             "patch_size": 16,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
-            "deepstack_visual_indexes": [1],
+            "deepstack_visual_indexes": [vision_depth - 1],
             "num_position_embeddings": 64,
         },
         image_token_id=ids["<|image_pad|>"],
@@ -109,7 +132,11 @@ def tiny_qwen3_vl(tokenizer: Any, *, hidden: int = 32, layers: int = 2, heads: i
     )
     config = Qwen3VLConfig(**settings)  # transformers' config takes these as keyword arguments
     torch.manual_seed(seed)
-    return Qwen3VLForConditionalGeneration(config)
+    model = Qwen3VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    return model
 
 
 def write_tiny_vl(out: str | Path, *, alphabet: str = "printable", **sizes: Any) -> Path:
@@ -122,6 +149,130 @@ def write_tiny_vl(out: str | Path, *, alphabet: str = "printable", **sizes: Any)
     tok.save_pretrained(root)
     image_processor().save_pretrained(root)
     return root
+
+
+def is_vl_model(model: Any) -> bool:
+    """An image-text model (its config has a vision tower and an image token)."""
+    config = getattr(model, "config", None)
+    return hasattr(config, "vision_config") and getattr(config, "image_token_id", None) is not None
+
+
+def vision_token_ids(model: Any) -> list[int]:
+    """The ids of the vision tokens (start, end, image and video pads) of an image-text model's config."""
+    names = ("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id")
+    return [int(v) for v in (getattr(model.config, n, None) for n in names) if v is not None]
+
+
+@dataclass
+class ImageInputs:
+    """One prompt's images as the model takes them: patches (P, 3 * temporal * patch * patch) and grids (I, 3)."""
+
+    pixel_values: torch.Tensor
+    image_grid_thw: torch.Tensor
+
+    def to(self, device: Any) -> ImageInputs:
+        return ImageInputs(self.pixel_values.to(device), self.image_grid_thw.to(device))
+
+
+def _vision_text(grid: torch.Tensor, merge: int) -> str:
+    return "<|vision_start|>" + "<|image_pad|>" * (int(grid.prod()) // merge) + "<|vision_end|>"
+
+
+def expand_images(
+    messages: Sequence[dict[str, str]], processor: Any, images: Sequence[np.ndarray], where: str = "prompt"
+) -> tuple[list[dict[str, str]], ImageInputs | None]:
+    """``messages`` with each ``IMAGE_PLACEHOLDER`` (in order across the turns) replaced by the vision tokens its
+    image's grid needs, and the images' model inputs; the chat template and tokenizer then see ordinary text
+    with special tokens, so prompts and SFT's assistant masks are made exactly as for text."""
+    found = sum(str(m.get("content", "")).count(IMAGE_PLACEHOLDER) for m in messages)
+    if found != len(images):
+        raise ValueError(f"{where}: {found} {IMAGE_PLACEHOLDER} placeholders in the messages for {len(images)} images")
+    if not images:
+        return [dict(m) for m in messages], None
+    if processor is None:
+        raise ValueError(f"{where}: the prompt has {len(images)} image(s) but the model has no image processor")
+    inputs = processor(images=list(images), return_tensors="pt")
+    pixel_values, grids = inputs["pixel_values"], inputs["image_grid_thw"]
+    merge = int(processor.merge_size) ** 2
+    out, k = [], 0
+    for m in messages:
+        parts = str(m["content"]).split(IMAGE_PLACEHOLDER)
+        text = parts[0]
+        for part in parts[1:]:
+            text += _vision_text(grids[k], merge) + part
+            k += 1
+        out.append({**m, "content": text})
+    return out, ImageInputs(pixel_values, grids)
+
+
+def image_kwargs(model: Any, input_ids: torch.Tensor, images: Sequence[ImageInputs | None]) -> dict[str, Any]:
+    """The forward's image arguments for rows of ``input_ids`` whose prompts had ``images`` (row order; None: a
+    row without images): patches and grids concatenated, ``mm_token_type_ids`` 1 on image tokens. Empty for a
+    text-only batch of a text model."""
+    present = [im for im in images if im is not None]
+    if not present:
+        return {}
+    if not is_vl_model(model):
+        raise ValueError(f"{len(present)} prompt(s) have images but the model ({model.config.model_type}) is text-only")
+    device = input_ids.device
+    return {
+        "pixel_values": torch.cat([im.pixel_values for im in present]).to(device),
+        "image_grid_thw": torch.cat([im.image_grid_thw for im in present]).to(device),
+        "mm_token_type_ids": (input_ids == int(model.config.image_token_id)).int(),
+    }
+
+
+def example_prompt(tokenizer: Any, processor: Any, example: Any) -> tuple[list[int], ImageInputs | None]:
+    """A text task example's prompt ids (chat template, generation prompt) and its images' inputs (or None)."""
+    from cosmos_robot.text.chat import prompt_ids
+
+    where = f"{example.task} seed {example.seed}"
+    messages, images = expand_images(example.prompt, processor, example.images, where=where)
+    return prompt_ids(tokenizer, messages, where=where), images
+
+
+def example_conversation(
+    tokenizer: Any, processor: Any, example: Any, max_length: int | None = None
+) -> tuple[Any, ImageInputs | None]:
+    """An example with its solution as a tokenized conversation (assistant mask) and its images' inputs."""
+    from cosmos_robot.text.chat import ChatError, tokenize_conversation
+
+    where = f"{example.task} seed {example.seed}"
+    messages = list(example.prompt) + [{"role": "assistant", "content": example.solution}]
+    messages, images = expand_images(messages, processor, example.images, where=where)
+    conv = tokenize_conversation(tokenizer, messages, max_length=max_length, where=where)
+    if conv.truncated and images is not None:
+        raise ChatError(f"{where}: truncated to max_length={max_length} with images in it; raise data.max_length")
+    return conv, images
+
+
+def collate_vl_rows(
+    model: Any,
+    rows: Sequence[Sequence[tuple[list[int], list[int], ImageInputs | None]]],
+    pad_id: int,
+) -> dict[str, Any]:
+    """``collate_rows`` for image-text sequences: the same ``input_ids`` / ``labels`` (B, L), plus ``position_ids``
+    (4, B, L) (text positions restarting per sequence, then each sequence's M-RoPE from ``get_rope_index``;
+    padding continues both) and the image arguments. Forward with ``use_cache=False`` (``packed_logits``)."""
+    from cosmos_robot.text.packing import collate_rows
+
+    out: dict[str, Any] = collate_rows([[(ids, mask) for ids, mask, _ in row] for row in rows], pad_id)
+    width = out["input_ids"].shape[1]
+    rope = torch.zeros((3, len(rows), width), dtype=torch.long)
+    image_token = int(model.config.image_token_id)
+    for b, row in enumerate(rows):
+        at = 0
+        for ids, _, images in row:
+            t = torch.tensor([ids])
+            grid = None if images is None else images.image_grid_thw
+            pos, _ = model.model.get_rope_index(t, (t == image_token).int(), image_grid_thw=grid)
+            rope[:, b, at : at + len(ids)] = pos[:, 0].cpu()
+            at += len(ids)
+        nxt = int(rope[:, b, :at].max()) + 1 if at else 0
+        rope[:, b, at:] = torch.arange(nxt, nxt + width - at)
+    out["position_ids"] = torch.cat([out["position_ids"].unsqueeze(0), rope])
+    out.update(image_kwargs(model, out["input_ids"], [im for row in rows for _, _, im in row]))
+    return out
 
 
 @dataclass
@@ -146,7 +297,7 @@ def vl_sequence(tokenizer: Any, processor: Any, text: str, images: Sequence[np.n
         pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]
         merge = int(processor.merge_size) ** 2
         for part, thw in zip(parts[1:], grid, strict=True):
-            expanded += "<|vision_start|>" + "<|image_pad|>" * (int(thw.prod()) // merge) + "<|vision_end|>" + part
+            expanded += _vision_text(thw, merge) + part
     ids = tokenizer(expanded, return_tensors="pt").input_ids
     types = (ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).int()
     return VLSequence(ids, types, pixel_values, grid)

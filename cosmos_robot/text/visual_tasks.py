@@ -8,8 +8,11 @@ image processor takes; a scene is JSON-serialisable, so it can travel as a task'
 re-rendered where the image is needed. Shapes do not overlap, so every one is visible.
 
 ``QUESTIONS[name](rng) -> VisualQuestion`` (question text with the ``<image>`` placeholder of
-``cosmos_robot.text.vision``, answer, scene). The text-task and eval-suite wiring comes with the VLM
-trainers (issue 18).
+``cosmos_robot.text.vision``, answer, scene). ``shapes_task("shapes/<name>")`` makes one a text task
+(``shapes/count``, ``shapes/left_right``, ``shapes/mixed``: either at random), so the text trainers
+sample it and ``eval --suite text/shapes/count`` scores it like any other: the scene travels in the
+example's fields (its ground truth), the image is rendered from it, and the split is decided by a hash
+of question and scene (``TextExample.key``).
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from cosmos_robot.text.vision import IMAGE_PLACEHOLDER
+from cosmos_robot.text.tasks import IMAGE_PLACEHOLDER, TextTask
 
-__all__ = ["COLORS", "QUESTIONS", "SIDE", "Shape", "VisualQuestion", "random_scene", "render"]
+__all__ = ["COLORS", "QUESTIONS", "SIDE", "Shape", "VisualQuestion", "random_scene", "render", "shapes_task"]
 
 SIDE = 64
 BACKGROUND = (128, 128, 128)
@@ -88,7 +91,7 @@ def render(scene: list[Shape] | list[dict[str, object]]) -> np.ndarray:
             draw.polygon(
                 [(s.x, s.y - s.radius), (s.x - s.radius, s.y + s.radius), (s.x + s.radius, s.y + s.radius)], fill=fill
             )
-    return np.asarray(image, dtype=np.uint8)
+    return np.array(image, dtype=np.uint8)  # a writable copy (torch warns on read-only arrays)
 
 
 def count_question(rng: np.random.Generator) -> VisualQuestion:
@@ -119,3 +122,33 @@ QUESTIONS: dict[str, Callable[[np.random.Generator], VisualQuestion]] = {
     "count": count_question,
     "left_right": left_right_question,
 }
+
+
+def mixed_question(rng: np.random.Generator) -> VisualQuestion:
+    """A counting or a left / right question, one or the other at random."""
+    return (count_question if rng.integers(0, 2) == 0 else left_right_question)(rng)
+
+
+QUESTIONS["mixed"] = mixed_question
+
+SHAPES_PREFIX = "shapes/"
+
+
+def shapes_task(name: str) -> TextTask:
+    """``shapes/<question>`` as a text task: exact-match reward, the scene in the fields, its image rendered."""
+    kind = name[len(SHAPES_PREFIX) :]
+    if kind not in QUESTIONS:
+        raise ValueError(f"unknown visual question {name!r}; known: {', '.join(SHAPES_PREFIX + q for q in QUESTIONS)}")
+    make_question = QUESTIONS[kind]
+
+    def make(rng: np.random.Generator) -> tuple[str, str, str, dict[str, object]]:
+        q = make_question(rng)
+        return q.question, q.answer, q.answer, {"scene": q.scene}
+
+    return TextTask(
+        name,
+        "exact_match",
+        make,
+        description=f"{kind} questions about a rendered {SIDE}-px image of shapes",
+        render=lambda fields: [render(fields["scene"])],  # type: ignore[arg-type]
+    )

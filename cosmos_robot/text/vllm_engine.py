@@ -42,7 +42,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from cosmos_robot.text.engines import Completion, EngineError, SamplingParams
+from cosmos_robot.text.engines import Completion, EngineError, SamplingParams, refuse_images
 
 __all__ = ["VLLMEngine"]
 
@@ -137,7 +137,10 @@ class VLLMEngine:
         self.llm.reset_prefix_cache()
         self.syncs += 1
 
-    def generate(self, prompts: Sequence[list[int]], n: int, params: SamplingParams) -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[list[int]], n: int, params: SamplingParams, images: Sequence[Any] | None = None
+    ) -> list[list[Completion]]:
+        refuse_images(self.name, images)  # vLLM's multimodal path needs its own processor: not wired here
         if not prompts:
             return []
         if self.llm is None:

@@ -179,7 +179,8 @@ def test_sft_conversation_file_is_read_and_bad_lines_are_named(tmp_path: Path) -
     path.write_text(json.dumps(chat) + "\n\n" + json.dumps(chat) + "\n")
     base = _config("debug_text_sft", tmp_path / "r")
     config = base.model_copy(update={"data": base.data.model_copy(update={"task": None, "path": str(path)})})
-    convs = load_conversations(config, char_tokenizer("arithmetic"), lambda _: None)
+    convs, images = load_conversations(config, char_tokenizer("arithmetic"), lambda _: None)
+    assert images is None
     assert len(convs) == 2 and sum(convs[0].assistant_mask) == 2  # "2" and <|im_end|>
     path.write_text(json.dumps(chat) + "\n[1, 2]\n")
     with pytest.raises(ValueError, match=r"chats.jsonl:2: expected a JSON object"):

@@ -32,13 +32,17 @@ TINY_INIT = "tiny:hf_causal_lm"  # a random model built from the recipe's [model
 class TinyLMConfig(StrictModel):
     """The architecture of a ``tiny:hf_causal_lm`` model (random init, character tokenizer)."""
 
-    model_type: Literal["qwen3", "qwen2", "qwen3_moe"] = "qwen3"
+    # qwen3_vl: an image-text Qwen3-VL (tiny vision tower; prompts of visual tasks such as shapes/count)
+    model_type: Literal["qwen3", "qwen2", "qwen3_moe", "qwen3_vl"] = "qwen3"
     hidden: int = Field(default=64, ge=8)
     layers: int = Field(default=2, ge=1)
     heads: int = Field(default=4, ge=1)
     kv_heads: int = Field(default=2, ge=1)
     intermediate: int = Field(default=128, ge=8)
     experts: int = Field(default=4, ge=2)  # qwen3_moe only
+    vision_hidden: int = Field(default=32, ge=8)  # qwen3_vl only: the vision tower's width
+    vision_depth: int = Field(default=2, ge=1)  # qwen3_vl only: its blocks
+    image_side: int = Field(default=64, ge=32)  # qwen3_vl only: images are resized to this square (pixels)
     max_positions: int = Field(default=512, ge=16)
     alphabet: str = "printable"  # the character tokenizer's alphabet: "printable", "arithmetic" or the characters
     seed: int = 0  # initialisation seed

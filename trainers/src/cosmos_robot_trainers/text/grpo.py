@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.text.chat import prompt_ids
 from cosmos_robot.text.engines import Completion, SamplingParams, make_engine
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot.text.rewards import HttpReward, get_reward
 from cosmos_robot.text.tasks import TextExample, get_task, task_examples
+from cosmos_robot.text.vision import example_prompt, image_kwargs
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import filter_groups
 from cosmos_robot_trainers.algorithms.losses import aggregate, masked_mean
@@ -73,19 +73,28 @@ class CompletionBatch:
     engine_log_probs: torch.Tensor
     stopped: torch.Tensor  # (N,) bool
     prompt_width: int = 0
+    images: list[Any] | None = None  # image-text prompts: each row's ImageInputs (cosmos_robot.text.vision)
 
     TENSORS = ("input_ids", "attention_mask", "mask", "engine_log_probs", "stopped")
 
     def select(self, rows: torch.Tensor) -> CompletionBatch:
         rows = rows.to(self.input_ids.device)
-        return self._with(lambda t: t[rows])
+        images = None if self.images is None else [self.images[int(r)] for r in rows]
+        return self._with(lambda t: t[rows], images)
 
     def to(self, device: Any) -> CompletionBatch:
-        return self._with(lambda t: t.to(device))
+        return self._with(lambda t: t.to(device), self.images)
 
-    def _with(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> CompletionBatch:
+    def _with(self, fn: Callable[[torch.Tensor], torch.Tensor], images: list[Any] | None) -> CompletionBatch:
         ids, attn, mask, elp, stopped = (fn(getattr(self, f)) for f in self.TENSORS)
-        return CompletionBatch(ids, attn, mask, elp, stopped, self.prompt_width)
+        return CompletionBatch(ids, attn, mask, elp, stopped, self.prompt_width, images)
+
+    def forward_kwargs(self, model: Any) -> dict[str, Any]:
+        """The model's inputs for these rows (ids, mask, and the images of image-text prompts); no KV cache."""
+        kwargs = {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "use_cache": False}
+        if self.images is not None:
+            kwargs.update(image_kwargs(model, self.input_ids, self.images))
+        return kwargs
 
 
 def completion_batch(completions: list[Completion], pad_id: int) -> CompletionBatch:
@@ -104,7 +113,8 @@ def completion_batch(completions: list[Completion], pad_id: int) -> CompletionBa
         if c.log_probs:  # empty: the engine's log-probs are the trainer's own pass (see grpo_iteration)
             elp[i, start : start + k] = torch.tensor(c.log_probs)
     stopped = torch.tensor([c.stopped for c in completions], dtype=torch.bool)
-    return CompletionBatch(ids, attn, mask, elp, stopped, prompt_width=start)
+    images = [c.images for c in completions] if any(c.images is not None for c in completions) else None
+    return CompletionBatch(ids, attn, mask, elp, stopped, prompt_width=start, images=images)
 
 
 LOGSOFTMAX_CHUNK_ELEMENTS = 2**28  # fp32 elements per chunk (1 GiB): the transient memory of one chunk
@@ -145,9 +155,7 @@ def sequence_log_probs(model: Any, batch: CompletionBatch, temperature: float = 
     prompt's logits would be most of the memory of a step."""
     start = batch.prompt_width
     keep = batch.input_ids.shape[1] - start + 1
-    logits = model(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep
-    ).logits
+    logits = model(**batch.forward_kwargs(model), logits_to_keep=keep).logits
     logp = selective_log_softmax(logits[:, -keep:-1], batch.input_ids[:, start:], temperature)
     out = torch.zeros(batch.input_ids.shape, dtype=logp.dtype, device=logp.device)
     out[:, start:] = logp
@@ -225,7 +233,8 @@ def sample_groups(config: Any, lm: Any, engine: Any, it: int) -> SampledGroups:
     examples = task_examples(
         get_task(str(config.data.task)), "train", rcfg.prompts_per_iter, seed=config.data.seed * 100_003 + it
     )
-    prompts = [prompt_ids(lm.tokenizer, ex.prompt, where=f"{ex.task} seed {ex.seed}") for ex in examples]
+    inputs = [example_prompt(lm.tokenizer, lm.processor, ex) for ex in examples]
+    images = [im for _, im in inputs]
     params = SamplingParams(
         rcfg.max_new_tokens,
         rcfg.temperature,
@@ -233,7 +242,8 @@ def sample_groups(config: Any, lm: Any, engine: Any, it: int) -> SampledGroups:
         seed=config.train.seed * 1_000_003 + it,
         log_probs=not engine.scores_by_forward,  # else the trainer's "old" pass is the same
     )
-    groups = engine.generate(prompts, rcfg.group_size, params)
+    visual = any(im is not None for im in images)
+    groups = engine.generate([p for p, _ in inputs], rcfg.group_size, params, images=images if visual else None)
     t_rollout = time.perf_counter() - t0
     rewards = score_groups(config, examples, groups)
     metrics = {

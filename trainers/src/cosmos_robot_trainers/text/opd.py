@@ -70,7 +70,7 @@ def check_shared_vocabulary(student: CausalLM, teacher: CausalLM, where: str = "
 def completion_logits(model: Any, batch: CompletionBatch) -> torch.Tensor:
     """Logits (N, C, V) that predict each completion column (C = the batch's completion width)."""
     keep = batch.input_ids.shape[1] - batch.prompt_width + 1
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False, logits_to_keep=keep)
+    out = model(**batch.forward_kwargs(model), logits_to_keep=keep)
     return out.logits[:, -keep:-1]
 
 

@@ -46,7 +46,7 @@ from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_s
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.precision import build_text_optimizer
 
-__all__ = ["build_critic", "critic_values", "ppo_advantages", "ppo_iteration", "run_text_ppo", "token_rewards"]
+__all__ = ["ImageTextValueModel", "build_critic", "critic_values", "ppo_advantages", "ppo_iteration", "run_text_ppo", "token_rewards"]
 
 
 def token_rewards(
@@ -84,12 +84,49 @@ def ppo_advantages(
     return adv * mask, returns * mask
 
 
+class ImageTextValueModel(torch.nn.Module):
+    """The critic of an image-text policy: a copy of its backbone (vision tower + language model, no LM head) and
+    a scalar head. transformers has no ``*ForTokenClassification`` for Qwen3-VL; this is the same shape of model
+    (hidden states -> ``Linear(hidden, 1)``), with ``logits`` (N, L, 1) like one. ``save_pretrained`` writes the
+    policy's ``config.json`` and ``model.safetensors`` (``backbone.*`` and ``score.weight``)."""
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__()
+        self.config = copy.deepcopy(policy.config)
+        self.backbone = copy.deepcopy(policy.model)
+        hidden = int(self.config.get_text_config().hidden_size)
+        self.score = torch.nn.Linear(hidden, 1, bias=False)
+        torch.nn.init.normal_(self.score.weight, std=float(getattr(self.config, "initializer_range", 0.02)))
+
+    def forward(self, **kwargs: Any) -> Any:
+        from types import SimpleNamespace
+
+        kwargs.pop("logits_to_keep", None)
+        hidden = self.backbone(**kwargs).last_hidden_state
+        return SimpleNamespace(logits=self.score(hidden))
+
+    def save_pretrained(self, out: str | Path, safe_serialization: bool = True) -> None:
+        from safetensors.torch import save_file
+
+        root = Path(out)
+        root.mkdir(parents=True, exist_ok=True)
+        self.config.save_pretrained(root)
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(root / "model.safetensors"))
+
+
 def build_critic(config: TextPPOConfig, policy: Any) -> Any:
     """``AutoModelForTokenClassification`` with one label: from ``critic.init``, else the policy's initial weights
-    (backbone copied, the head fresh). A causal LM's folder gives its backbone and a new head."""
+    (backbone copied, the head fresh). A causal LM's folder gives its backbone and a new head. An image-text
+    policy's critic is an ``ImageTextValueModel`` on a copy of its backbone."""
     from transformers import AutoModelForTokenClassification
 
+    from cosmos_robot.text.vision import is_vl_model
+
     device, dtype = next(policy.parameters()).device, next(policy.parameters()).dtype
+    if is_vl_model(policy):
+        if config.critic.init is not None:
+            raise ValueError("critic.init: an image-text policy's critic starts from the policy's own weights")
+        return _no_dropout(ImageTextValueModel(policy)).to(device=device, dtype=dtype).train()
     source = config.critic.init
     if source is None and config.init != TINY_INIT:
         source = config.init
@@ -108,16 +145,20 @@ def build_critic(config: TextPPOConfig, policy: Any) -> Any:
         missing, unexpected = critic.load_state_dict(policy.state_dict(), strict=False)
         if any(not k.startswith("score.") for k in missing):
             raise ValueError(f"critic: the policy's backbone does not fit a value model (missing {missing[:3]})")
+    return _no_dropout(critic).to(device=device, dtype=dtype).train()
+
+
+def _no_dropout(critic: Any) -> Any:
     for module in critic.modules():  # the head's classifier dropout (0.1) would make values noisy (TRL disables it)
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-    return critic.to(device=device, dtype=dtype).train()
+    return critic
 
 
 def critic_values(critic: torch.nn.Module, batch: CompletionBatch) -> torch.Tensor:
     """The critic's value of each completion token (N, L): its output at the position that predicts the token."""
     start = batch.prompt_width
-    out = critic(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits[..., 0]
+    out = critic(**batch.forward_kwargs(critic)).logits[..., 0]
     values = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=out.device)
     values[:, start:] = out[:, start - 1 : -1].float()
     return values * batch.mask

@@ -22,6 +22,7 @@ from cosmos_robot.text.chat import TokenizedConversation, read_jsonl, tokenize_c
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot.text.packing import collate_rows, pack_bfd, packed_logits, token_log_probs
 from cosmos_robot.text.tasks import get_task, task_examples
+from cosmos_robot.text.vision import ImageInputs, collate_vl_rows, example_conversation
 from cosmos_robot_trainers.common import EpochBatchSampler
 from cosmos_robot_trainers.text.config import TextSFTConfig
 from cosmos_robot_trainers.text.driver import TextResult, TextRun, clip_and_step
@@ -30,25 +31,33 @@ __all__ = ["load_conversations", "make_rows", "run_text_sft", "sft_loss"]
 
 
 def load_conversations(
-    config: TextSFTConfig, tokenizer: Any, log: Callable[[str], None]
-) -> list[TokenizedConversation]:
-    """The training conversations, tokenized with their assistant masks (truncations counted and logged)."""
+    config: TextSFTConfig, tokenizer: Any, log: Callable[[str], None], processor: Any = None
+) -> tuple[list[TokenizedConversation], list[ImageInputs | None] | None]:
+    """The training conversations, tokenized with their assistant masks (truncations counted and logged), and
+    each one's images (None for a text task)."""
     dcfg = config.data
+    images: list[ImageInputs | None] | None = None
     if dcfg.task is not None:
         examples = task_examples(get_task(dcfg.task), "train", dcfg.examples, dcfg.seed)
-        items = [
-            (f"{ex.task} seed {ex.seed}", ex.prompt + [{"role": "assistant", "content": ex.solution}])
-            for ex in examples
-        ]
+        made = [example_conversation(tokenizer, processor, ex, dcfg.max_length) for ex in examples]
+        convs = [c for c, _ in made]
+        if any(ex.images for ex in examples):
+            images = [im for _, im in made]
     else:
         rows = read_jsonl(dcfg.path, ("messages",), 'one conversation per line: {"messages": [...]}')
-        items = [(where, row["messages"]) for where, row in rows]
-    convs = [tokenize_conversation(tokenizer, msgs, max_length=dcfg.max_length, where=where) for where, msgs in items]
+        convs = [
+            tokenize_conversation(tokenizer, row["messages"], max_length=dcfg.max_length, where=where)
+            for where, row in rows
+        ]
     cut = sum(c.truncated for c in convs)
     tokens = sum(len(c.input_ids) for c in convs)
     trained = sum(sum(c.assistant_mask) for c in convs)
-    log(f"data: {len(convs)} conversations, {tokens} tokens ({trained} trained), {cut} truncated to {dcfg.max_length}")
-    return convs
+    pictures = f", {len(images)} with images" if images else ""
+    log(
+        f"data: {len(convs)} conversations{pictures}, {tokens} tokens ({trained} trained), {cut} truncated to "
+        f"{dcfg.max_length}"
+    )
+    return convs, images
 
 
 def make_rows(config: TextSFTConfig, convs: list[TokenizedConversation]) -> list[list[int]]:
@@ -58,9 +67,10 @@ def make_rows(config: TextSFTConfig, convs: list[TokenizedConversation]) -> list
     return [row.members for row in pack_bfd([len(c.input_ids) for c in convs], config.data.pack_length)]
 
 
-def sft_loss(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """Mean NLL over the batch's trained tokens, and their count."""
-    logits = packed_logits(model, batch["input_ids"], batch["position_ids"])
+def sft_loss(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
+    """Mean NLL over the batch's trained tokens, and their count (image arguments, if any, go to the forward)."""
+    images = {k: v for k, v in batch.items() if k not in ("input_ids", "position_ids", "labels")}
+    logits = packed_logits(model, batch["input_ids"], batch["position_ids"], **images)
     logp = token_log_probs(logits, batch["labels"])
     count = int((batch["labels"][:, 1:] != -100).sum())
     return -logp.sum() / max(count, 1), count
@@ -77,7 +87,7 @@ def run_text_sft(
     """Train (or continue) the recipe; ``stop_at_step`` stops as a kill would (tests of exact resume)."""
     run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
     lm, tcfg = run.lm, config.train
-    convs = load_conversations(config, lm.tokenizer, log)
+    convs, images = load_conversations(config, lm.tokenizer, log, lm.processor)
     rows = make_rows(config, convs)
     sampler = EpochBatchSampler(len(rows), min(tcfg.batch_size, len(rows)), tcfg.seed)
     run.restore(lambda saved: sampler.load_state_dict(saved["sampler"]))
@@ -89,7 +99,11 @@ def run_text_sft(
 
     def step(_: int) -> dict[str, float]:
         members = [rows[r] for r in sampler.next_indices().tolist()]
-        batch = collate_rows([[(convs[i].input_ids, convs[i].assistant_mask) for i in m] for m in members], lm.pad_id)
+        if images is None:
+            batch = collate_rows([[(convs[i].input_ids, convs[i].assistant_mask) for i in m] for m in members], lm.pad_id)
+        else:  # image-text rows: M-RoPE positions and the rows' images
+            rows_vl = [[(convs[i].input_ids, convs[i].assistant_mask, images[i]) for i in m] for m in members]
+            batch = collate_vl_rows(lm.model, rows_vl, lm.pad_id)
         loss, count = sft_loss(lm.model, {k: v.to(tcfg.device) for k, v in batch.items()})
         aux: dict[str, Any] = {}
         total = with_router_aux_loss(lm.model, loss, aux)  # MoE models: the router balancing term
