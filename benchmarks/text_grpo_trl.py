@@ -17,6 +17,11 @@ are reported as the median.
   ``on_step_begin`` to ``on_step_end`` (generation happens inside its step), its ``generate`` timed
   by wrapping the model's method.
 
+``--size qwen3-vl-2b`` times the image-text path (issue 18): a random bf16 model shaped like Qwen3-VL-2B
+(text tower 28 layers, hidden 2048, 16 / 8 heads; vision tower 24 blocks, hidden 1024, deepstack at 5, 11,
+17) on ``shapes/mixed`` prompts, each with one image resized to 256 x 256 pixels (64 image tokens), sampled
+by ``transformers_static`` with the images; TRL is not run beside it.
+
 ``--trainer ppo`` / ``opd`` time our token PPO (critic and reference included) or on-policy
 distillation (a same-size teacher) on the same batch, without TRL (which has neither in 1.16); their
 MFU counts the policy's FLOPs only.
@@ -45,8 +50,22 @@ from typing import Any
 SIZES = {
     "qwen3-0.6b": {"hidden": 1024, "layers": 28, "heads": 16, "kv_heads": 8, "intermediate": 3072, "head_dim": 128},
     "tiny": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "head_dim": 16},
+    "qwen3-vl-2b": {"hidden": 2048, "layers": 28, "heads": 16, "kv_heads": 8, "intermediate": 6144, "head_dim": 128},
+    "tiny-vl": {"hidden": 64, "layers": 2, "heads": 4, "kv_heads": 2, "intermediate": 128, "head_dim": 16},
 }
-VOCAB = {"qwen3-0.6b": 151_936, "tiny": 1_000}
+VOCAB = {"qwen3-0.6b": 151_936, "tiny": 1_000, "qwen3-vl-2b": 151_936, "tiny-vl": 1_000}
+# image-text sizes: the vision tower (Qwen3-VL-2B's: 24 blocks of width 1024, deepstack at 5, 11, 17) and image side
+VISION = {
+    "qwen3-vl-2b": {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16, "deep": [5, 11, 17]},
+    "tiny-vl": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "deep": [1]},
+}
+IMAGE_SIDE = {"qwen3-vl-2b": 256, "tiny-vl": 64}
+
+
+def task_of(size: str) -> str:
+    return "shapes/mixed" if size in VISION else "addition"
+
+
 PEAK_TFLOPS = 989.0  # H200 dense bf16
 
 
@@ -55,8 +74,67 @@ def bench_reward(text: str) -> float:
     return float(len(text) % 7)
 
 
+def build_vl_model(size: str, out: Path) -> Path:
+    """A random bf16 Qwen3-VL of ``size`` with the character tokenizer padded to Qwen's vocabulary."""
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from cosmos_robot.text.hf import CausalLM, save_causal_lm
+    from cosmos_robot.text.tiny import char_tokenizer
+    from cosmos_robot.text.vision import VISION_TOKENS, image_processor
+
+    s, v = SIZES[size], VISION[size]
+    tok = char_tokenizer("printable", vocab_size=VOCAB[size] - len(VISION_TOKENS))
+    tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    config = Qwen3VLConfig(
+        text_config={
+            "vocab_size": len(tok),
+            "hidden_size": s["hidden"],
+            "intermediate_size": s["intermediate"],
+            "num_hidden_layers": s["layers"],
+            "num_attention_heads": s["heads"],
+            "num_key_value_heads": s["kv_heads"],
+            "head_dim": s["head_dim"],
+            "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True}
+            if s["head_dim"] == 128
+            else {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True},
+            "rope_theta": 5_000_000.0,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+            "eos_token_id": tok.eos_token_id,
+            "pad_token_id": tok.pad_token_id,
+        },
+        vision_config={
+            "depth": v["depth"],
+            "hidden_size": v["hidden_size"],
+            "intermediate_size": v["intermediate_size"],
+            "num_heads": v["num_heads"],
+            "out_hidden_size": s["hidden"],
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "deepstack_visual_indexes": v["deep"],
+            "num_position_embeddings": 2304,
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return save_causal_lm(CausalLM(model, tok, None, image_processor(IMAGE_SIDE[size])), out)
+
+
 def build_model(size: str, out: Path) -> Path:
     import torch
+
+    if size in VISION:
+        return build_vl_model(size, out)
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from cosmos_robot.text.hf import CausalLM, save_causal_lm
@@ -87,10 +165,13 @@ def build_model(size: str, out: Path) -> Path:
     return save_causal_lm(CausalLM(model, tok, None), out)
 
 
-def prompts(n: int) -> list[list[dict[str, str]]]:
+def prompt_tokens_of(lm: Any, size: str, n: int) -> int:
+    """Tokens (image tokens included) of the first ``n`` train prompts of the size's task."""
     from cosmos_robot.text.tasks import task_examples
+    from cosmos_robot.text.vision import example_prompt
 
-    return [ex.prompt for ex in task_examples("addition", "train", n, seed=0)]
+    examples = task_examples(task_of(size), "train", n, seed=0)
+    return sum(len(example_prompt(lm.tokenizer, lm.processor, ex)[0]) for ex in examples)
 
 
 def _trainer_tables(args: argparse.Namespace, folder: Path) -> tuple[Any, Any, dict[str, Any]]:
@@ -125,7 +206,7 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
     config = config_cls.model_validate(
         {
             "init": str(folder),
-            "data": {"task": "addition"},
+            "data": {"task": task_of(args.size)},
             "rollout": {
                 "engine": args.engine[0],
                 "prompts_per_iter": args.prompts,
@@ -145,7 +226,7 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
                 "micro_batch_size": args.micro_batch,
             },
             "train": {
-                "steps": args.steps,
+                "steps": args.steps + 1,  # stopped after args.steps (below): no checkpoint or final/ written
                 "ckpt_every": 10_000,
                 "device": args.device,
                 "dtype": args.dtype,
@@ -160,7 +241,8 @@ def run_ours(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, An
     )
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    run(config, resume=False, overwrite=True, log=lambda m: None)
+    # a 2B model's checkpoint with two AdamW states is ~57 GB: more than the GPU machine's free disk
+    run(config, resume=False, overwrite=True, stop_at_step=args.steps, log=lambda m: None)
     rows = [json.loads(line) for line in (work / "ours" / "metrics.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "reward_mean" in r]
     return {
@@ -217,7 +299,10 @@ def run_trl(args: argparse.Namespace, folder: Path, work: Path) -> dict[str, Any
     def reward(completions: list[Any], **kw: Any) -> list[float]:
         return [bench_reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
 
-    data = Dataset.from_list([{"prompt": p} for p in prompts(args.prompts)] * (args.steps + 1))
+    from cosmos_robot.text.tasks import task_examples
+
+    examples = task_examples("addition", "train", args.prompts, seed=0)
+    data = Dataset.from_list([{"prompt": ex.prompt} for ex in examples] * (args.steps + 1))
     config = GRPOConfig(
         output_dir=str(work / "trl"),
         per_device_train_batch_size=args.prompts * args.group,
@@ -300,15 +385,15 @@ def main() -> None:
         print("RESULT " + json.dumps(fn(args, Path(args.model_dir), work)))
         return
     folder = build_model(args.size, work / "model")
-    from cosmos_robot.text.chat import prompt_ids
     from cosmos_robot.text.hf import load_causal_lm
 
     lm = load_causal_lm(folder)
     n_params = sum(p.numel() for p in lm.model.parameters())
-    prompt_tokens = args.group * sum(len(prompt_ids(lm.tokenizer, p)) for p in prompts(args.prompts))
+    prompt_tokens = args.group * prompt_tokens_of(lm, args.size, args.prompts)
     del lm
     rows = []
-    runs = [("ours", e) for e in args.engine] + ([("trl", None)] if args.trainer == "grpo" else [])
+    with_trl = args.trainer == "grpo" and args.size not in VISION
+    runs = [("ours", e) for e in args.engine] + ([("trl", None)] if with_trl else [])
     for impl, engine in runs:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--impl", impl, "--model-dir", str(folder)]
         cmd += ["--engine", engine] if engine else []
@@ -331,10 +416,10 @@ def main() -> None:
             f"| {r['impl']} | {r['step_s']:.3f} | {r['first_step_s']:.2f} | {r['rollout_s']:.3f} | "
             f"{r['rollout_tokens_per_s']:.0f} | {peak} | {100 * r['mfu']:.2f}% | {r['first_loss']} |"
         )
-    for r in rows if args.trainer != "grpo" else rows[:-1]:
+    for r in rows[:-1] if with_trl else rows:
         if r["logprob_gap"]:
             print(f"{r['impl']}: engine vs trainer log-prob gap per step (mean, max): {r['logprob_gap']}")
-        if args.trainer == "grpo":
+        if with_trl:
             print(f"speed-up of {r['impl']} (TRL step / our step): {rows[-1]['step_s'] / r['step_s']:.2f}x")
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))

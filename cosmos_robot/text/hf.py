@@ -55,8 +55,8 @@ def check_causal_lm_folder(root: Path) -> dict[str, Any]:
     if not is_causal_lm_config(config):
         raise CheckpointError(
             f"{root / 'config.json'}: not a causal-LM config (needs 'model_type' and an 'architectures' entry "
-            f"ending in 'ForCausalLM', or 'ForConditionalGeneration' with a 'vision_config'; got model_type={config.get('model_type')!r}, "
-            f"architectures={config.get('architectures')!r})"
+            "ending in 'ForCausalLM', or 'ForConditionalGeneration' with a 'vision_config'; got "
+            f"model_type={config.get('model_type')!r}, architectures={config.get('architectures')!r})"
         )
     index = root / "model.safetensors.index.json"
     if index.is_file():

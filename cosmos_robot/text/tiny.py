@@ -7,6 +7,11 @@ tokenizer (``tokenizers`` WordLevel over single characters plus the ChatML speci
 ``save_pretrained``. The folder is an ordinary HF folder: ``AutoModelForCausalLM`` and
 ``AutoTokenizer`` load it, and so does everything in this project that loads real checkpoints.
 Character tokens keep arithmetic tasks learnable by a ~100k-parameter model in minutes.
+
+``tiny_qwen3_vl`` builds a random ``Qwen3VLForConditionalGeneration`` the same way (TRL's tiny-model recipe:
+M-RoPE sections summing to half the head dimension, a small vision tower with one deepstack layer) over the
+character tokenizer plus the vision tokens (``vl_tokenizer``); ``write_tiny_vl`` saves it with its image
+processor as an HF folder that ``AutoModelForImageTextToText`` loads unchanged.
 """
 
 from __future__ import annotations
@@ -17,7 +22,17 @@ from typing import Any
 
 from cosmos_robot.text.hf import CausalLM, save_causal_lm
 
-__all__ = ["CHATML_TEMPLATE", "SPECIAL_TOKENS", "char_tokenizer", "tiny_causal_lm", "tiny_from_table", "write_tiny"]
+__all__ = [
+    "CHATML_TEMPLATE",
+    "SPECIAL_TOKENS",
+    "char_tokenizer",
+    "tiny_causal_lm",
+    "tiny_from_table",
+    "tiny_qwen3_vl",
+    "vl_tokenizer",
+    "write_tiny",
+    "write_tiny_vl",
+]
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -129,13 +144,106 @@ def tiny_causal_lm(
     return CausalLM(model, tokenizer, None)
 
 
+def vl_tokenizer(alphabet: str = "printable") -> Any:
+    """The character tokenizer (``cosmos_robot.text.tiny``) with Qwen-VL's vision tokens as specials."""
+    from cosmos_robot.text.vision import VISION_TOKENS
+
+    tok = char_tokenizer(alphabet)
+    tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+    return tok
+
+
+def tiny_qwen3_vl(
+    tokenizer: Any,
+    *,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int | None = None,
+    intermediate: int | None = None,
+    max_positions: int = 1024,
+    vision_hidden: int = 16,
+    vision_depth: int = 2,
+    seed: int = 0,
+) -> Any:
+    """A random ``Qwen3VLForConditionalGeneration`` over ``tokenizer`` (which must have ``VISION_TOKENS``)."""
+    import torch
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from cosmos_robot.text.vision import VISION_TOKENS
+
+    missing = [t for t in VISION_TOKENS if t not in tokenizer.get_vocab()]
+    if missing:
+        raise ValueError(f"the tokenizer lacks the vision tokens {missing} (use vl_tokenizer)")
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    head_dim = hidden // heads
+    if head_dim < 8 or head_dim % 2:
+        raise ValueError(f"hidden / heads = {head_dim}: M-RoPE needs an even head dimension of at least 8")
+    half = head_dim // 2  # the M-RoPE sections (time, height, width) sum to head_dim / 2
+    sections = [half - 2 * (half // 4), half // 4, half // 4]
+    settings: dict[str, Any] = dict(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": hidden,
+            "intermediate_size": intermediate or 2 * hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads or max(1, heads // 2),
+            "head_dim": head_dim,
+            "rope_scaling": {"rope_type": "default", "mrope_section": sections, "mrope_interleaved": True},
+            "max_position_embeddings": max_positions,
+            "tie_word_embeddings": True,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        },
+        vision_config={
+            "depth": vision_depth,
+            "hidden_size": vision_hidden,
+            "intermediate_size": 2 * vision_hidden,
+            "num_heads": 4,
+            "out_hidden_size": hidden,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "deepstack_visual_indexes": [vision_depth - 1],
+            "num_position_embeddings": 64,
+        },
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+    )
+    config = Qwen3VLConfig(**settings)  # transformers' config takes these as keyword arguments
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = None
+    return model
+
+
+def write_tiny_vl(out: str | Path, *, alphabet: str = "printable", **sizes: Any) -> Path:
+    """Save a tiny random Qwen3-VL, its tokenizer and image processor as an HF folder under ``out``."""
+    root = Path(out)
+    tok = vl_tokenizer(alphabet)
+    model = tiny_qwen3_vl(tok, **sizes)
+    root.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(root, safe_serialization=True)
+    tok.save_pretrained(root)
+    from cosmos_robot.text.vision import image_processor
+
+    image_processor().save_pretrained(root)
+    return root
+
+
 def tiny_from_table(table: dict[str, Any]) -> CausalLM:
     """A tiny model from a recipe's ``[model]`` table (``model_type``, ``alphabet`` and the sizes)."""
     sizes = dict(table)
     alphabet, model_type = sizes.pop("alphabet", "printable"), sizes.pop("model_type", "qwen3")
     vision = {k: sizes.pop(k) for k in ("vision_hidden", "vision_depth", "image_side") if k in sizes}
     if model_type == "qwen3_vl":  # an image-text model: cosmos_robot.text.vision
-        from cosmos_robot.text.vision import image_processor, tiny_qwen3_vl, vl_tokenizer
+        from cosmos_robot.text.vision import image_processor
 
         sizes.pop("experts", None)
         side = vision.pop("image_side", 64)

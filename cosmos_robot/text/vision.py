@@ -1,4 +1,4 @@
-"""Qwen3-VL on the text stack: tiny real-format models, image-text sequences, and packing with M-RoPE.
+"""Qwen3-VL on the text stack: image prompts, image-text sequences, and packing with M-RoPE.
 
 Why here: the VLM paths (SFT, GRPO, PPO on images; issue 18) reuse the text trainers, which batch by
 packing several sequences into one row. A Qwen3-VL sequence carries more than token ids: each image
@@ -6,31 +6,28 @@ becomes ``<|vision_start|>`` + one ``<|image_pad|>`` per merged patch + ``<|visi
 pixels go in ``pixel_values`` (patches, ``3 * temporal * patch * patch``) with ``image_grid_thw``,
 ``mm_token_type_ids`` marks image tokens (transformers 5.x requires it), and positions are
 three-dimensional (M-RoPE: time, height, width). ``pack_vl`` packs such sequences the way the text
-packer does: each sequence's own M-RoPE positions from the model's ``get_rope_index``, plus a fourth
+packer does (``collate_vl_rows`` for the SFT trainer's rows): each sequence's own M-RoPE positions from the model's ``get_rope_index``, plus a fourth
 leading row of text positions that restart at 0 for every sequence; transformers' Qwen3-VL reads that
 row to keep packed sequences from attending to each other, but only without a KV cache (``use_cache=False``;
 with the default cache the second sequence attends to the first, which ``tests/text/test_vision.py`` catches).
 
 Images are prepared by transformers' own ``Qwen2VLImageProcessor`` (the processor Qwen3-VL checkpoints
-name), so a real checkpoint's folder and a tiny one go through the same code. There is no hub here:
-``tiny_qwen3_vl`` builds a random ``Qwen3VLForConditionalGeneration`` from a config (TRL's tiny-model
-recipe: M-RoPE sections summing to half the head dimension, a two-block vision tower with one
-deepstack layer) over the character tokenizer plus the vision tokens, and ``write_tiny_vl`` saves it as
-an HF folder (model, tokenizer, image processor) that transformers loads unchanged.
+name), so a real checkpoint's folder and a tiny one (``cosmos_robot.text.tiny.tiny_qwen3_vl``) go
+through the same code. ``expand_images`` puts a prompt's images into its messages as vision tokens before
+the chat template runs, so prompts and SFT masks are made as for text; ``image_kwargs`` gives any forward
+(rollout, scoring, critic) its rows' images; ``ImageInputs`` is one prompt's pixels and grids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from cosmos_robot.text.tasks import IMAGE_PLACEHOLDER
-from cosmos_robot.text.tiny import char_tokenizer
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
@@ -45,21 +42,11 @@ __all__ = [
     "image_processor",
     "is_vl_model",
     "pack_vl",
-    "tiny_qwen3_vl",
     "vl_sequence",
     "vision_token_ids",
-    "vl_tokenizer",
-    "write_tiny_vl",
 ]
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-
-
-def vl_tokenizer(alphabet: str = "printable") -> Any:
-    """The character tokenizer (``cosmos_robot.text.tiny``) with Qwen-VL's vision tokens as specials."""
-    tok = char_tokenizer(alphabet)
-    tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
-    return tok
 
 
 def image_processor(side: int = 64, patch: int = 16, merge: int = 2) -> Any:
@@ -70,85 +57,6 @@ def image_processor(side: int = 64, patch: int = 16, merge: int = 2) -> Any:
     return Qwen2VLImageProcessor(
         patch_size=patch, temporal_patch_size=2, merge_size=merge, min_pixels=pixels, max_pixels=pixels
     )
-
-
-def tiny_qwen3_vl(
-    tokenizer: Any,
-    *,
-    hidden: int = 32,
-    layers: int = 2,
-    heads: int = 4,
-    kv_heads: int | None = None,
-    intermediate: int | None = None,
-    max_positions: int = 1024,
-    vision_hidden: int = 16,
-    vision_depth: int = 2,
-    seed: int = 0,
-) -> Any:
-    """A random ``Qwen3VLForConditionalGeneration`` over ``tokenizer`` (which must have ``VISION_TOKENS``)."""
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    missing = [t for t in VISION_TOKENS if t not in tokenizer.get_vocab()]
-    if missing:
-        raise ValueError(f"the tokenizer lacks the vision tokens {missing} (use vl_tokenizer)")
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
-    head_dim = hidden // heads
-    if head_dim < 8 or head_dim % 2:
-        raise ValueError(f"hidden / heads = {head_dim}: M-RoPE needs an even head dimension of at least 8")
-    half = head_dim // 2  # the M-RoPE sections (time, height, width) sum to head_dim / 2
-    sections = [half - 2 * (half // 4), half // 4, half // 4]
-    settings: dict[str, Any] = dict(
-        text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": hidden,
-            "intermediate_size": intermediate or 2 * hidden,
-            "num_hidden_layers": layers,
-            "num_attention_heads": heads,
-            "num_key_value_heads": kv_heads or max(1, heads // 2),
-            "head_dim": head_dim,
-            "rope_scaling": {"rope_type": "default", "mrope_section": sections, "mrope_interleaved": True},
-            "max_position_embeddings": max_positions,
-            "tie_word_embeddings": True,
-            "eos_token_id": tokenizer.eos_token_id,
-            "pad_token_id": tokenizer.pad_token_id,
-        },
-        vision_config={
-            "depth": vision_depth,
-            "hidden_size": vision_hidden,
-            "intermediate_size": 2 * vision_hidden,
-            "num_heads": 4,
-            "out_hidden_size": hidden,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "deepstack_visual_indexes": [vision_depth - 1],
-            "num_position_embeddings": 64,
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
-    )
-    config = Qwen3VLConfig(**settings)  # transformers' config takes these as keyword arguments
-    torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = None
-    return model
-
-
-def write_tiny_vl(out: str | Path, *, alphabet: str = "printable", **sizes: Any) -> Path:
-    """Save a tiny random Qwen3-VL, its tokenizer and image processor as an HF folder under ``out``."""
-    root = Path(out)
-    tok = vl_tokenizer(alphabet)
-    model = tiny_qwen3_vl(tok, **sizes)
-    root.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(root, safe_serialization=True)
-    tok.save_pretrained(root)
-    image_processor().save_pretrained(root)
-    return root
 
 
 def is_vl_model(model: Any) -> bool:

@@ -124,11 +124,19 @@ QUESTIONS: dict[str, Callable[[np.random.Generator], VisualQuestion]] = {
 }
 
 
+def colour_question(rng: np.random.Generator) -> VisualQuestion:
+    """The colour of the one shape in the image (the easiest question: a tiny model's first visual skill)."""
+    color = str(rng.choice(list(COLORS)))
+    scene = random_scene(rng, [color], radius=int(rng.integers(5, 11)))
+    return VisualQuestion(f"{IMAGE_PLACEHOLDER}What colour is the shape?", color, [asdict(s) for s in scene])
+
+
 def mixed_question(rng: np.random.Generator) -> VisualQuestion:
     """A counting or a left / right question, one or the other at random."""
     return (count_question if rng.integers(0, 2) == 0 else left_right_question)(rng)
 
 
+QUESTIONS["colour"] = colour_question
 QUESTIONS["mixed"] = mixed_question
 
 SHAPES_PREFIX = "shapes/"
@@ -150,5 +158,5 @@ def shapes_task(name: str) -> TextTask:
         "exact_match",
         make,
         description=f"{kind} questions about a rendered {SIDE}-px image of shapes",
-        render=lambda fields: [render(fields["scene"])],  # type: ignore[arg-type]
+        render=lambda fields: [render(fields["scene"])],
     )

@@ -10,15 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from cosmos_robot.text.vision import (
-    IMAGE_PLACEHOLDER,
-    image_processor,
-    pack_vl,
-    tiny_qwen3_vl,
-    vl_sequence,
-    vl_tokenizer,
-    write_tiny_vl,
-)
+from cosmos_robot.text.tiny import tiny_qwen3_vl, vl_tokenizer, write_tiny_vl
+from cosmos_robot.text.vision import IMAGE_PLACEHOLDER, image_processor, pack_vl, vl_sequence
 
 
 @pytest.fixture(scope="module")

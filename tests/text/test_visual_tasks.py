@@ -58,3 +58,10 @@ def test_left_right_answers_match_the_pixels() -> None:
         (red,), (blue,) = _blobs(image, COLORS["red"]), _blobs(image, COLORS["blue"])
         pixel_answer = "left" if red[:, 1].mean() < blue[:, 1].mean() else "right"
         assert pixel_answer == q.answer, (seed, q)
+
+
+def test_colour_answers_match_the_one_blob_in_the_pixels() -> None:
+    for seed in range(60):
+        q = QUESTIONS["colour"](np.random.default_rng(seed))
+        blobs = {c: _blobs(render(q.scene), rgb) for c, rgb in COLORS.items()}
+        assert [c for c, found in blobs.items() if found] == [q.answer], (seed, q)

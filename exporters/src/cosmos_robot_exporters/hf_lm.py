@@ -1,9 +1,11 @@
 """``hf_causal_lm``: an HF causal-LM folder that ``transformers`` loads unchanged, plus the manifest.
 
+Image-text models (Qwen3-VL) export the same way: their image processor is written beside the tokenizer.
+
 From a folder the model and tokenizer are loaded (offline, checked) and saved again. From a text
-training run (``text_sft``, ``text_grpo``, ``text_dpo``) the checkpoint's weights go into the model
-the run exports as (its ``final/``, else its ``init`` folder), matched tensor by tensor (name and
-shape; nothing is dropped), so any checkpoint of a run, not only the last, becomes an HF folder.
+training run (``text_sft``, ``text_grpo``, ``text_dpo``, ``text_ppo``, ``text_opd``) the checkpoint's
+weights go into the model the run exports as (its ``final/``, else its ``init`` folder), matched tensor
+by tensor (name and shape; nothing is dropped), so any checkpoint of a run, not only the last, becomes an HF folder.
 """
 
 from __future__ import annotations

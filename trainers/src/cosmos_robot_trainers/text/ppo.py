@@ -46,7 +46,15 @@ from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_s
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.precision import build_text_optimizer
 
-__all__ = ["ImageTextValueModel", "build_critic", "critic_values", "ppo_advantages", "ppo_iteration", "run_text_ppo", "token_rewards"]
+__all__ = [
+    "ImageTextValueModel",
+    "build_critic",
+    "critic_values",
+    "ppo_advantages",
+    "ppo_iteration",
+    "run_text_ppo",
+    "token_rewards",
+]
 
 
 def token_rewards(

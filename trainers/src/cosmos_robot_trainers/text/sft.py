@@ -100,7 +100,9 @@ def run_text_sft(
     def step(_: int) -> dict[str, float]:
         members = [rows[r] for r in sampler.next_indices().tolist()]
         if images is None:
-            batch = collate_rows([[(convs[i].input_ids, convs[i].assistant_mask) for i in m] for m in members], lm.pad_id)
+            batch = collate_rows(
+                [[(convs[i].input_ids, convs[i].assistant_mask) for i in m] for m in members], lm.pad_id
+            )
         else:  # image-text rows: M-RoPE positions and the rows' images
             rows_vl = [[(convs[i].input_ids, convs[i].assistant_mask, images[i]) for i in m] for m in members]
             batch = collate_vl_rows(lm.model, rows_vl, lm.pad_id)
