@@ -6,10 +6,11 @@ becomes ``<|vision_start|>`` + one ``<|image_pad|>`` per merged patch + ``<|visi
 pixels go in ``pixel_values`` (patches, ``3 * temporal * patch * patch``) with ``image_grid_thw``,
 ``mm_token_type_ids`` marks image tokens (transformers 5.x requires it), and positions are
 three-dimensional (M-RoPE: time, height, width). ``pack_vl`` packs such sequences the way the text
-packer does (``collate_vl_rows`` for the SFT trainer's rows): each sequence's own M-RoPE positions from the model's ``get_rope_index``, plus a fourth
-leading row of text positions that restart at 0 for every sequence; transformers' Qwen3-VL reads that
-row to keep packed sequences from attending to each other, but only without a KV cache (``use_cache=False``;
-with the default cache the second sequence attends to the first, which ``tests/text/test_vision.py`` catches).
+packer does (``collate_vl_rows`` for the SFT trainer's rows): each sequence's own M-RoPE positions from
+the model's ``get_rope_index``, plus a fourth leading row of text positions that restart at 0 for every
+sequence; transformers' Qwen3-VL reads that row to keep packed sequences from attending to each other,
+but only without a KV cache (``use_cache=False``; with the default cache the second sequence attends to
+the first, which ``tests/text/test_vision.py`` catches).
 
 Images are prepared by transformers' own ``Qwen2VLImageProcessor`` (the processor Qwen3-VL checkpoints
 name), so a real checkpoint's folder and a tiny one (``cosmos_robot.text.tiny.tiny_qwen3_vl``) go
