@@ -56,8 +56,24 @@ SIZES = {
 VOCAB = {"qwen3-0.6b": 151_936, "tiny": 1_000, "qwen3-vl-2b": 151_936, "tiny-vl": 1_000}
 # image-text sizes: the vision tower (Qwen3-VL-2B's: 24 blocks of width 1024, deepstack at 5, 11, 17) and image side
 VISION = {
-    "qwen3-vl-2b": {"depth": 24, "hidden_size": 1024, "intermediate_size": 4096, "num_heads": 16, "deep": [5, 11, 17]},
-    "tiny-vl": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 4, "deep": [1]},
+    "qwen3-vl-2b": {
+        "depth": 24,
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_heads": 16,
+        "deep": [5, 11, 17],
+        "mrope_section": [24, 20, 20],
+        "positions": 2304,
+    },
+    "tiny-vl": {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 4,
+        "deep": [1],
+        "mrope_section": [4, 2, 2],
+        "positions": 64,
+    },
 }
 IMAGE_SIDE = {"qwen3-vl-2b": 256, "tiny-vl": 64}
 
@@ -77,56 +93,32 @@ def bench_reward(text: str) -> float:
 def build_vl_model(size: str, out: Path) -> Path:
     """A random bf16 Qwen3-VL of ``size`` with the character tokenizer padded to Qwen's vocabulary."""
     import torch
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
     from cosmos_robot.text.hf import CausalLM, save_causal_lm
-    from cosmos_robot.text.tiny import char_tokenizer
+    from cosmos_robot.text.tiny import char_tokenizer, tiny_qwen3_vl
     from cosmos_robot.text.vision import VISION_TOKENS, image_processor
 
     s, v = SIZES[size], VISION[size]
     tok = char_tokenizer("printable", vocab_size=VOCAB[size] - len(VISION_TOKENS))
     tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
-    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
-    config = Qwen3VLConfig(
-        text_config={
-            "vocab_size": len(tok),
-            "hidden_size": s["hidden"],
-            "intermediate_size": s["intermediate"],
-            "num_hidden_layers": s["layers"],
-            "num_attention_heads": s["heads"],
-            "num_key_value_heads": s["kv_heads"],
-            "head_dim": s["head_dim"],
-            "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20], "mrope_interleaved": True}
-            if s["head_dim"] == 128
-            else {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True},
-            "rope_theta": 5_000_000.0,
-            "max_position_embeddings": 4096,
-            "tie_word_embeddings": True,
-            "eos_token_id": tok.eos_token_id,
-            "pad_token_id": tok.pad_token_id,
-        },
-        vision_config={
-            "depth": v["depth"],
-            "hidden_size": v["hidden_size"],
-            "intermediate_size": v["intermediate_size"],
-            "num_heads": v["num_heads"],
-            "out_hidden_size": s["hidden"],
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "deepstack_visual_indexes": v["deep"],
-            "num_position_embeddings": 2304,
-        },
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(0)
-    model = Qwen3VLForConditionalGeneration(config).to(torch.bfloat16)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
+    model = tiny_qwen3_vl(
+        tok,
+        hidden=s["hidden"],
+        layers=s["layers"],
+        heads=s["heads"],
+        kv_heads=s["kv_heads"],
+        intermediate=s["intermediate"],
+        head_dim=s["head_dim"],
+        max_positions=4096,
+        mrope_section=v["mrope_section"],
+        rope_theta=5_000_000.0,
+        vision_hidden=v["hidden_size"],
+        vision_depth=v["depth"],
+        vision_heads=v["num_heads"],
+        vision_intermediate=v["intermediate_size"],
+        deepstack=v["deep"],
+        vision_positions=v["positions"],
+    ).to(torch.bfloat16)
     return save_causal_lm(CausalLM(model, tok, None, image_processor(IMAGE_SIDE[size])), out)
 
 

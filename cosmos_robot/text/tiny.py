@@ -165,8 +165,18 @@ def tiny_qwen3_vl(
     vision_hidden: int = 16,
     vision_depth: int = 2,
     seed: int = 0,
+    head_dim: int | None = None,
+    mrope_section: list[int] | None = None,
+    rope_theta: float | None = None,
+    vision_heads: int = 4,
+    vision_intermediate: int | None = None,
+    deepstack: list[int] | None = None,
+    vision_positions: int = 64,
 ) -> Any:
-    """A random ``Qwen3VLForConditionalGeneration`` over ``tokenizer`` (which must have ``VISION_TOKENS``)."""
+    """A random ``Qwen3VLForConditionalGeneration`` over ``tokenizer`` (which must have ``VISION_TOKENS``).
+
+    The defaults make a tiny one; the keyword arguments after ``seed`` shape a real size (the GPU benchmark's
+    Qwen3-VL-2B stand-in: head_dim 128, M-RoPE sections 24 / 20 / 20, 16 vision heads, deepstack 5, 11, 17)."""
     import torch
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
@@ -176,11 +186,16 @@ def tiny_qwen3_vl(
     if missing:
         raise ValueError(f"the tokenizer lacks the vision tokens {missing} (use vl_tokenizer)")
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
-    head_dim = hidden // heads
+    head_dim = head_dim or hidden // heads
     if head_dim < 8 or head_dim % 2:
-        raise ValueError(f"hidden / heads = {head_dim}: M-RoPE needs an even head dimension of at least 8")
+        raise ValueError(f"head dimension {head_dim}: M-RoPE needs an even head dimension of at least 8")
     half = head_dim // 2  # the M-RoPE sections (time, height, width) sum to head_dim / 2
-    sections = [half - 2 * (half // 4), half // 4, half // 4]
+    sections = mrope_section or [half - 2 * (half // 4), half // 4, half // 4]
+    if sum(sections) != half:
+        raise ValueError(f"mrope_section {sections} must sum to head_dim / 2 = {half}")
+    rope: dict[str, Any] = {"rope_type": "default", "mrope_section": sections, "mrope_interleaved": True}
+    if rope_theta is not None:
+        rope["rope_theta"] = rope_theta
     settings: dict[str, Any] = dict(
         text_config={
             "vocab_size": len(tokenizer),
@@ -190,7 +205,7 @@ def tiny_qwen3_vl(
             "num_attention_heads": heads,
             "num_key_value_heads": kv_heads or max(1, heads // 2),
             "head_dim": head_dim,
-            "rope_scaling": {"rope_type": "default", "mrope_section": sections, "mrope_interleaved": True},
+            "rope_scaling": rope,
             "max_position_embeddings": max_positions,
             "tie_word_embeddings": True,
             "eos_token_id": tokenizer.eos_token_id,
@@ -199,14 +214,14 @@ def tiny_qwen3_vl(
         vision_config={
             "depth": vision_depth,
             "hidden_size": vision_hidden,
-            "intermediate_size": 2 * vision_hidden,
-            "num_heads": 4,
+            "intermediate_size": vision_intermediate or 2 * vision_hidden,
+            "num_heads": vision_heads,
             "out_hidden_size": hidden,
             "patch_size": 16,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
-            "deepstack_visual_indexes": [vision_depth - 1],
-            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": deepstack or [vision_depth - 1],
+            "num_position_embeddings": vision_positions,
         },
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
