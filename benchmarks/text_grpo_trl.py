@@ -95,12 +95,11 @@ def build_vl_model(size: str, out: Path) -> Path:
     import torch
 
     from cosmos_robot.text.hf import CausalLM, save_causal_lm
-    from cosmos_robot.text.tiny import char_tokenizer, tiny_qwen3_vl
-    from cosmos_robot.text.vision import VISION_TOKENS, image_processor
+    from cosmos_robot.text.tiny import tiny_qwen3_vl, vl_tokenizer
+    from cosmos_robot.text.vision import image_processor
 
     s, v = SIZES[size], VISION[size]
-    tok = char_tokenizer("printable", vocab_size=VOCAB[size] - len(VISION_TOKENS))
-    tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+    tok = vl_tokenizer("printable", vocab_size=VOCAB[size])
     model = tiny_qwen3_vl(
         tok,
         hidden=s["hidden"],

@@ -144,11 +144,12 @@ def tiny_causal_lm(
     return CausalLM(model, tokenizer, None)
 
 
-def vl_tokenizer(alphabet: str = "printable") -> Any:
-    """The character tokenizer (``cosmos_robot.text.tiny``) with Qwen-VL's vision tokens as specials."""
+def vl_tokenizer(alphabet: str = "printable", vocab_size: int | None = None) -> Any:
+    """``char_tokenizer`` with Qwen-VL's vision tokens as specials (``vocab_size``: the whole vocabulary's, the
+    vision tokens included)."""
     from cosmos_robot.text.vision import VISION_TOKENS
 
-    tok = char_tokenizer(alphabet)
+    tok = char_tokenizer(alphabet, None if vocab_size is None else vocab_size - len(VISION_TOKENS))
     tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
     return tok
 
@@ -240,16 +241,10 @@ def tiny_qwen3_vl(
 
 def write_tiny_vl(out: str | Path, *, alphabet: str = "printable", **sizes: Any) -> Path:
     """Save a tiny random Qwen3-VL, its tokenizer and image processor as an HF folder under ``out``."""
-    root = Path(out)
-    tok = vl_tokenizer(alphabet)
-    model = tiny_qwen3_vl(tok, **sizes)
-    root.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(root, safe_serialization=True)
-    tok.save_pretrained(root)
     from cosmos_robot.text.vision import image_processor
 
-    image_processor().save_pretrained(root)
-    return root
+    tok = vl_tokenizer(alphabet)
+    return save_causal_lm(CausalLM(tiny_qwen3_vl(tok, **sizes), tok, None, image_processor()), Path(out))
 
 
 def tiny_from_table(table: dict[str, Any]) -> CausalLM:

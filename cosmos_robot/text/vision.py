@@ -196,20 +196,12 @@ class VLSequence:
 
 def vl_sequence(tokenizer: Any, processor: Any, text: str, images: Sequence[np.ndarray]) -> VLSequence:
     """``text`` with one ``IMAGE_PLACEHOLDER`` per image, each expanded to the vision tokens its grid needs."""
-    parts = text.split(IMAGE_PLACEHOLDER)
-    if len(parts) - 1 != len(images):
-        raise ValueError(f"{len(parts) - 1} {IMAGE_PLACEHOLDER} placeholders in the text for {len(images)} images")
-    pixel_values = grid = None
-    expanded = parts[0]
-    if images:
-        inputs = processor(images=list(images), return_tensors="pt")
-        pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]
-        merge = int(processor.merge_size) ** 2
-        for part, thw in zip(parts[1:], grid, strict=True):
-            expanded += _vision_text(thw, merge) + part
-    ids = tokenizer(expanded, return_tensors="pt").input_ids
+    (message,), inputs = expand_images([{"role": "user", "content": text}], processor, images, where="text")
+    ids = tokenizer(message["content"], return_tensors="pt").input_ids
     types = (ids == tokenizer.convert_tokens_to_ids("<|image_pad|>")).int()
-    return VLSequence(ids, types, pixel_values, grid)
+    if inputs is None:
+        return VLSequence(ids, types, None, None)
+    return VLSequence(ids, types, inputs.pixel_values, inputs.image_grid_thw)
 
 
 def pack_vl(model: Any, sequences: Sequence[VLSequence]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ re-rendered where the image is needed. Shapes do not overlap, so every one is vi
 
 ``QUESTIONS[name](rng) -> VisualQuestion`` (question text with the ``<image>`` placeholder of
 ``cosmos_robot.text.vision``, answer, scene). ``shapes_task("shapes/<name>")`` makes one a text task
-(``shapes/count``, ``shapes/left_right``, ``shapes/mixed``: either at random), so the text trainers
+(``shapes/count``, ``shapes/left_right``, ``shapes/colour``, ``shapes/mixed``: count or left / right at
+random), so the text trainers
 sample it and ``eval --suite text/shapes/count`` scores it like any other: the scene travels in the
 example's fields (its ground truth), the image is rendered from it, and the split is decided by a hash
 of question and scene (``TextExample.key``).

@@ -58,7 +58,7 @@ def test_packed_image_text_sequences_match_their_own_forwards_only_without_the_c
 
 def test_placeholders_must_match_the_images(parts: tuple) -> None:
     tok, proc, _ = parts
-    with pytest.raises(ValueError, match="2 <image> placeholders in the text for 1 images"):
+    with pytest.raises(ValueError, match="text: 2 <image> placeholders in the messages for 1 images"):
         vl_sequence(tok, proc, f"{IMAGE_PLACEHOLDER}{IMAGE_PLACEHOLDER}", _images(1, 0))
 
 
