@@ -200,6 +200,30 @@ def accumulated_step(
     return total, float(norm), metrics
 
 
+def minibatch_epochs(
+    n: int,
+    epochs: int,
+    minibatch_size: int,
+    seed: int,
+    device: Any,
+    step: Callable[[torch.Tensor], dict[str, float]],
+) -> dict[str, float]:
+    """The update phase shared by GRPO, PPO and OPD: ``epochs`` passes over ``n`` rows in a fresh seeded
+    order, ``step(minibatch rows)`` per ``minibatch_size`` slice (one optimizer step each, returning its
+    metrics). Returns each metric's mean over the steps; the order depends only on ``seed``, so a
+    resumed run draws the same minibatches."""
+    sums: dict[str, float] = {}
+    n_steps = 0
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=g).to(device)
+        for start in range(0, n, minibatch_size):
+            for k, v in step(order[start : start + minibatch_size]).items():
+                sums[k] = sums.get(k, 0.0) + v
+            n_steps += 1
+    return {k: v / max(n_steps, 1) for k, v in sums.items()}
+
+
 def clip_and_step(model: torch.nn.Module, loss: torch.Tensor, optimizer: Any, grad_clip: float | None) -> float:
     """``zero_grad -> backward -> clip -> step``; the pre-clip gradient norm."""
     optimizer.zero_grad(set_to_none=True)

@@ -43,7 +43,7 @@ from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import filter_groups
 from cosmos_robot_trainers.algorithms.losses import aggregate, masked_mean
 from cosmos_robot_trainers.text.config import TextAlgoConfig, TextGRPOConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches
+from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches, minibatch_epochs
 
 __all__ = [
     "CompletionBatch",
@@ -330,23 +330,17 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
             loss = with_router_aux_loss(model, loss, m)  # MoE models: the router balancing term
             yield loss, (float(sub.mask.sum()) if per_token else float(idx.numel())) / max(total, 1e-9), m
 
-    sums: dict[str, float] = {}
-    n_steps = 0
-    g = torch.Generator().manual_seed(config.train.seed * 104_729 + it)
-    for _ in range(ocfg.epochs):
-        order = torch.randperm(rows.numel(), generator=g).to(device)
-        for start in range(0, rows.numel(), ocfg.minibatch_size):
-            loss_value, gnorm, m = accumulated_step(
-                model, optimizer, ocfg.grad_clip, parts(order[start : start + ocfg.minibatch_size])
-            )
-            n_steps += 1
-            for k, v in {"loss": loss_value, "grad_norm": gnorm, **m}.items():
-                sums[k] = sums.get(k, 0.0) + v
+    def step(mb: torch.Tensor) -> dict[str, float]:
+        loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, parts(mb))
+        return {"loss": loss_value, "grad_norm": gnorm, **m}
+
+    seed = config.train.seed * 104_729 + it
+    update = minibatch_epochs(rows.numel(), ocfg.epochs, ocfg.minibatch_size, seed, device, step)
     engine.sync_weights(model)
     engine_lp = seen_old if forward_engine else batch.engine_log_probs
     gap = (seen_old - engine_lp).abs() * batch.mask
     tis = None if algo.tis_cap is None else torch.clamp(torch.exp(seen_old - engine_lp), max=algo.tis_cap)
-    metrics.update({k: v / n_steps for k, v in sums.items()})
+    metrics.update(update)
     metrics.update(
         {
             "trained_completions": float(rows.numel()),

@@ -36,7 +36,7 @@ from cosmos_robot.text.hf import CausalLM
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.text.config import TextOPDConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches
+from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches, minibatch_epochs
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.state import load_lm
 
@@ -156,23 +156,17 @@ def opd_iteration(config: TextOPDConfig, lm: Any, teacher: Any, engine: Any, opt
         t_lp = torch.cat([sequence_log_probs(teacher, batch.select(p), rcfg.temperature) for p in pieces])
     scored = {"old": old, "adv": sampled_token_advantages(t_lp, old, batch.mask, algo.gamma)}
     parts = _loss_parts(config, model, teacher, batch, scored, len(lm.tokenizer))
-    sums: dict[str, float] = {}
-    n_steps = 0
-    g = torch.Generator().manual_seed(config.train.seed * 104_729 + it)
-    for _ in range(ocfg.epochs):
-        order = torch.randperm(n, generator=g).to(device)
-        for start in range(0, n, ocfg.minibatch_size):
-            loss_value, gnorm, m = accumulated_step(
-                model, optimizer, ocfg.grad_clip, parts(order[start : start + ocfg.minibatch_size])
-            )
-            n_steps += 1
-            for k, v in {"loss": loss_value, "grad_norm": gnorm, **m}.items():
-                sums[k] = sums.get(k, 0.0) + v
+
+    def step(mb: torch.Tensor) -> dict[str, float]:
+        loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, parts(mb))
+        return {"loss": loss_value, "grad_norm": gnorm, **m}
+
+    update = minibatch_epochs(n, ocfg.epochs, ocfg.minibatch_size, config.train.seed * 104_729 + it, device, step)
     engine.sync_weights(model)
     tokens = batch.mask.sum().clamp(min=1)
     return {
         **sampled.metrics,
-        **{k: v / n_steps for k, v in sums.items()},
+        **update,
         # the per-token reverse-KL estimate of the sampled tokens, before the update: how far the student is
         "teacher_kl": float(((old - t_lp) * batch.mask).sum() / tokens),
         "teacher_log_prob": float((t_lp * batch.mask).sum() / tokens),

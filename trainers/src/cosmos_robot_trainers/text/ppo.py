@@ -42,7 +42,7 @@ from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import normalize_advantages
 from cosmos_robot_trainers.algorithms.losses import masked_mean
 from cosmos_robot_trainers.text.config import TINY_INIT, TextPPOConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches
+from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches, minibatch_epochs
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.precision import build_text_optimizer
 
@@ -203,41 +203,36 @@ def ppo_iteration(
     engine_lp = old if engine.scores_by_forward else batch.engine_log_probs
     tis = None if algo.tis_cap is None else torch.clamp(torch.exp(old - engine_lp), max=algo.tis_cap) * batch.mask
     n = batch.mask.shape[0]
-    sums: dict[str, float] = {}
-    n_steps = 0
-    g = torch.Generator().manual_seed(config.train.seed * 104_729 + it)
-    for _ in range(ocfg.epochs):
-        order = torch.randperm(n, generator=g).to(device)
-        for start in range(0, n, ocfg.minibatch_size):
-            mb = order[start : start + ocfg.minibatch_size]
-            total = max(float(batch.mask[mb].sum()), 1e-9)
 
-            def policy_parts(mb: torch.Tensor = mb, total: float = total) -> Iterator[tuple]:
-                for idx in micro_batches(mb, ocfg.micro_batch_size):
-                    sub = batch.select(idx)
-                    logp = sequence_log_probs(model, sub, rcfg.temperature)
-                    loss, m = get_algorithm("loss", "ppo")(
-                        logp, old[idx], adv[idx], sub.mask, clip=algo.clip, dual_clip=None,
-                        loss_agg="token_mean", token_weights=None if tis is None else tis[idx],
-                    )  # fmt: skip
-                    yield with_router_aux_loss(model, loss, m), float(sub.mask.sum()) / total, m
+    def step(mb: torch.Tensor) -> dict[str, float]:
+        total = max(float(batch.mask[mb].sum()), 1e-9)
 
-            def critic_parts(mb: torch.Tensor = mb, total: float = total) -> Iterator[tuple]:
-                for idx in micro_batches(mb, ocfg.micro_batch_size):
-                    sub = batch.select(idx)
-                    vloss, m = get_algorithm("loss", "value")(
-                        critic_values(critic, sub), old_values[idx], returns[idx], sub.mask,
-                        clip=algo.clip_value, huber_delta=float("inf"),
-                    )  # fmt: skip
-                    yield algo.vf_coef * vloss, float(sub.mask.sum()) / total, {"value_loss": vloss.detach(), **m}
+        def policy_parts() -> Iterator[tuple]:
+            for idx in micro_batches(mb, ocfg.micro_batch_size):
+                sub = batch.select(idx)
+                logp = sequence_log_probs(model, sub, rcfg.temperature)
+                loss, m = get_algorithm("loss", "ppo")(
+                    logp, old[idx], adv[idx], sub.mask, clip=algo.clip, dual_clip=None,
+                    loss_agg="token_mean", token_weights=None if tis is None else tis[idx],
+                )  # fmt: skip
+                yield with_router_aux_loss(model, loss, m), float(sub.mask.sum()) / total, m
 
-            loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, policy_parts())
-            _, cnorm, cm = accumulated_step(critic, critic_opt, config.critic.grad_clip, critic_parts())
-            n_steps += 1
-            for k, v in {"loss": loss_value, "grad_norm": gnorm, "critic_grad_norm": cnorm, **m, **cm}.items():
-                sums[k] = sums.get(k, 0.0) + v
+        def critic_parts() -> Iterator[tuple]:
+            for idx in micro_batches(mb, ocfg.micro_batch_size):
+                sub = batch.select(idx)
+                vloss, m = get_algorithm("loss", "value")(
+                    critic_values(critic, sub), old_values[idx], returns[idx], sub.mask,
+                    clip=algo.clip_value, huber_delta=float("inf"),
+                )  # fmt: skip
+                yield algo.vf_coef * vloss, float(sub.mask.sum()) / total, {"value_loss": vloss.detach(), **m}
+
+        loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, policy_parts())
+        _, cnorm, cm = accumulated_step(critic, critic_opt, config.critic.grad_clip, critic_parts())
+        return {"loss": loss_value, "grad_norm": gnorm, "critic_grad_norm": cnorm, **m, **cm}
+
+    update = minibatch_epochs(n, ocfg.epochs, ocfg.minibatch_size, config.train.seed * 104_729 + it, device, step)
     engine.sync_weights(model)
-    metrics = {**sampled.metrics, **{k: v / n_steps for k, v in sums.items()}}
+    metrics = {**sampled.metrics, **update}
     metrics.update(
         {
             "completion_tokens": float(batch.mask.sum(1).mean()),
