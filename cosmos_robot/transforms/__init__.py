@@ -14,6 +14,7 @@ from cosmos_robot.transforms.base import (
     transforms_to_config,
 )
 from cosmos_robot.transforms.common import (
+    BinarizeActions,
     NormalizeKeys,
     PadOrSliceActions,
     RenameKeys,
@@ -24,6 +25,7 @@ from cosmos_robot.transforms.common import (
 from cosmos_robot.transforms.vectors import ConcatKeys
 
 __all__ = [
+    "BinarizeActions",
     "ConcatKeys",
     "NormalizeKeys",
     "PadOrSliceActions",

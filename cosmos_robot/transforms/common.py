@@ -11,7 +11,15 @@ from PIL import Image
 from cosmos_robot.normalize import FeatureStats, NormMode
 from cosmos_robot.transforms.base import register_transform
 
-__all__ = ["NormalizeKeys", "PadOrSliceActions", "RenameKeys", "ResizeImages", "SelectKeys", "UnnormalizeKeys"]
+__all__ = [
+    "BinarizeActions",
+    "NormalizeKeys",
+    "PadOrSliceActions",
+    "RenameKeys",
+    "ResizeImages",
+    "SelectKeys",
+    "UnnormalizeKeys",
+]
 
 
 @register_transform
@@ -128,5 +136,41 @@ class PadOrSliceActions:
         elif a.shape[-1] < self.dim:
             pad = [(0, 0)] * (a.ndim - 1) + [(0, self.dim - a.shape[-1])]
             a = np.pad(a, pad)
+        out[self.key] = a
+        return out
+
+
+@register_transform
+@dataclass(frozen=True)
+class BinarizeActions:
+    """Snap action dims ``dims`` to ``low`` / ``high`` by the sign of ``value - threshold`` (a gripper).
+
+    Why: a flow policy regresses the demonstrations' open (-1) / close (+1) gripper command and, where
+    it is unsure, answers in between; on the tabletop suite a command near 0 puts the fingers at the
+    cube's faces without squeezing, and the cube slips. Robot stacks (OpenVLA's LIBERO evaluation, most
+    real grippers) execute the sign instead. Applied after ``UnnormalizeKeys`` (env units), so serving,
+    evaluation and RL rollouts execute the same binarised command.
+    """
+
+    dims: tuple[int, ...]
+    threshold: float = 0.0
+    low: float = -1.0
+    high: float = 1.0
+    key: str = "actions"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", tuple(int(d) for d in self.dims))
+        if not self.dims or any(d < 0 for d in self.dims) or len(set(self.dims)) != len(self.dims):
+            raise ValueError(f"BinarizeActions.dims: expected distinct indices >= 0, got {list(self.dims)}")
+
+    def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
+        out = dict(data)
+        a = np.array(out[self.key], copy=True)
+        if max(self.dims) >= a.shape[-1]:
+            raise ValueError(
+                f"BinarizeActions: {self.key!r} has {a.shape[-1]} dims per step, dims {list(self.dims)} asked for"
+            )
+        d = list(self.dims)
+        a[..., d] = np.where(a[..., d] >= self.threshold, self.high, self.low).astype(a.dtype)
         out[self.key] = a
         return out

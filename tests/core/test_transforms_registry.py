@@ -68,6 +68,25 @@ def test_transform_errors_name_the_problem() -> None:
         FeatureStats.from_dict({"mean": [0.0]}, name="stats['x']")
 
 
+def test_binarize_actions_snaps_the_gripper_and_round_trips() -> None:
+    chunk = np.array([[0.3, -0.2, 0.05], [0.1, 0.4, -0.01], [0.0, 0.0, 0.0]], dtype=np.float32)
+    t = tf.BinarizeActions((2,))
+    out = t({"actions": chunk})["actions"]
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out[:, 2], [1.0, -1.0, 1.0])  # the sign; 0 counts as closed
+    np.testing.assert_array_equal(out[:, :2], chunk[:, :2])  # other dims untouched
+    assert chunk[0, 2] == np.float32(0.05)  # the input is not modified in place
+    batched = t({"actions": np.stack([chunk, -chunk])})["actions"]  # (B, H, D) too
+    np.testing.assert_array_equal(batched[1, :, 2], [-1.0, 1.0, 1.0])
+    (back,) = tf.transforms_from_config(tf.transforms_to_config([tf.BinarizeActions([2], threshold=0.5, low=0.0)]))
+    assert back == tf.BinarizeActions((2,), threshold=0.5, low=0.0)
+    np.testing.assert_array_equal(back({"actions": chunk})["actions"][:, 2], [0.0, 0.0, 0.0])
+    with pytest.raises(ValueError, match=r"has 3 dims per step, dims \[6\]"):
+        tf.BinarizeActions((6,))({"actions": chunk})
+    with pytest.raises(ValueError, match="distinct indices"):
+        tf.BinarizeActions((1, 1))
+
+
 def test_detect_family_errors(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="does not exist"):
         detect_family(tmp_path / "nope")
