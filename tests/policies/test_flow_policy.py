@@ -67,6 +67,22 @@ def test_actions_are_unnormalised() -> None:
     np.testing.assert_allclose(policy.infer(obs)["actions"], want, rtol=1e-5, atol=1e-6)
 
 
+def test_binarized_gripper_is_served_saved_and_validated(tmp_path: Path) -> None:
+    cfg = tiny_config()
+    plain = FlowPolicy(scrambled_model(cfg), tiny_stats(cfg))
+    snapped_cfg = tiny_config(binarize_action_dims=(cfg.action_dim - 1,))
+    snapped = FlowPolicy(scrambled_model(snapped_cfg), tiny_stats(snapped_cfg))
+    obs = make_obs(cfg)
+    want = plain.infer(obs)["actions"]
+    got = snapped.infer(obs)["actions"]
+    np.testing.assert_array_equal(got[:, :-1], want[:, :-1])  # the same weights: only the gripper column differs
+    np.testing.assert_array_equal(got[:, -1], np.where(want[:, -1] >= 0, 1.0, -1.0))
+    loaded = load_policy_folder(snapped.save_pretrained(tmp_path / "snapped"))
+    np.testing.assert_array_equal(loaded.infer(obs)["actions"], got)  # policy.json carries BinarizeActions
+    with pytest.raises(ValueError, match=r"binarize_action_dims: expected distinct indices in \[0, 7\)"):
+        tiny_config(binarize_action_dims=(7,))
+
+
 def test_serve_noise_modes() -> None:
     obs = make_obs(tiny_config())
     zero = _policy(serve_noise="zero")

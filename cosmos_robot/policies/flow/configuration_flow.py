@@ -36,6 +36,9 @@ class FlowConfig(StrictModel):
     action_dim: int = Field(default=7, ge=1)  # action length per step (tabletop: dpos 3, drot 3, gripper 1)
     chunk_size: int = Field(default=10, ge=1)  # H: action rows the model predicts per call (steps; was `horizon`)
     num_flow_steps: int = Field(default=10, ge=1)  # K: Euler steps of the denoising ODE (serving) and of SDE rollouts
+    # action dims executed as their sign, -1 / +1 (a gripper; tabletop: [6]): the BinarizeActions output
+    # transform, so serving, eval and RL rollouts all execute the snapped command
+    binarize_action_dims: tuple[int, ...] = ()
 
     # --- vision encoder (shared across cameras) --------------------------------------------------
     encoder_patch: int = Field(
@@ -104,6 +107,16 @@ class FlowConfig(StrictModel):
         if not value or value[0] != "state":
             raise ValueError(f"must start with 'state' (the robot state every client sends), got {list(value)}")
         return value
+
+    @model_validator(mode="after")
+    def _binarize_dims_ok(self) -> FlowConfig:
+        dims = self.binarize_action_dims
+        if len(set(dims)) != len(dims) or any(not 0 <= d < self.action_dim for d in dims):
+            raise ValueError(
+                f"binarize_action_dims: expected distinct indices in [0, {self.action_dim}) (action_dim), "
+                f"got {list(dims)}"
+            )
+        return self
 
     @field_validator("time_embed_dim")
     @classmethod

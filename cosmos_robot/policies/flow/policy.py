@@ -35,6 +35,7 @@ from cosmos_robot.policies.flow.sampling import sample_actions
 from cosmos_robot.policies.flow.text import encode_prompts
 from cosmos_robot.policies.registry import CheckpointError, read_json
 from cosmos_robot.transforms import (
+    BinarizeActions,
     ConcatKeys,
     NormalizeKeys,
     RenameKeys,
@@ -91,9 +92,12 @@ def default_input_transforms(config: FlowConfig, stats: StatsLike) -> list[Trans
 
 
 def default_output_transforms(config: FlowConfig, stats: StatsLike) -> list[Transform]:
-    """Model actions (normalised) -> env units."""
+    """Model actions (normalised) -> env units (-> the binarised gripper, if the config names one)."""
     st = _as_stats(stats, config)
-    return [UnnormalizeKeys({"actions": st["actions"].to_dict()}, config.norm_mode, ("actions",))]
+    steps: list[Transform] = [UnnormalizeKeys({"actions": st["actions"].to_dict()}, config.norm_mode, ("actions",))]
+    if config.binarize_action_dims:
+        steps.append(BinarizeActions(config.binarize_action_dims))
+    return steps
 
 
 def collate_observations(
