@@ -24,7 +24,7 @@ from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import EpochBatchSampler
 from cosmos_robot_trainers.text.config import TextDPOConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches
+from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches, minibatch_epochs
 from cosmos_robot_trainers.text.grpo import completion_batch, sample_groups, sequence_log_probs
 
 __all__ = ["dpo_update", "load_pairs", "pair_log_probs", "run_text_dpo", "sampled_pairs"]
@@ -97,18 +97,11 @@ def dpo_update(
             loss, m = get_algorithm("loss", "dpo")(pc, pr, ref_c[idx], ref_r[idx], algo.beta, algo.loss)
             yield with_router_aux_loss(lm.model, loss, m), len(idx) / len(mb), m  # MoE: the router balancing term
 
-    sums: dict[str, float] = {}
-    n = 0
-    for _ in range(ocfg.epochs):
-        order = torch.randperm(len(pairs), generator=generator).tolist()
-        for s in range(0, len(pairs), ocfg.minibatch_size):
-            loss_value, gnorm, m = accumulated_step(
-                lm.model, optimizer, ocfg.grad_clip, parts(order[s : s + ocfg.minibatch_size])
-            )
-            n += 1
-            for k, v in {"loss": loss_value, "grad_norm": gnorm, **m}.items():
-                sums[k] = sums.get(k, 0.0) + v
-    return {k: v / max(n, 1) for k, v in sums.items()}
+    def step(mb: torch.Tensor) -> dict[str, float]:
+        loss_value, gnorm, m = accumulated_step(lm.model, optimizer, ocfg.grad_clip, parts(mb.tolist()))
+        return {"loss": loss_value, "grad_norm": gnorm, **m}
+
+    return minibatch_epochs(len(pairs), ocfg.epochs, ocfg.minibatch_size, generator, step)
 
 
 def run_text_dpo(

@@ -204,19 +204,19 @@ def minibatch_epochs(
     n: int,
     epochs: int,
     minibatch_size: int,
-    seed: int,
-    device: Any,
+    generator: torch.Generator,
     step: Callable[[torch.Tensor], dict[str, float]],
+    device: Any = None,
 ) -> dict[str, float]:
-    """The update phase shared by GRPO, PPO and OPD: ``epochs`` passes over ``n`` rows in a fresh seeded
-    order, ``step(minibatch rows)`` per ``minibatch_size`` slice (one optimizer step each, returning its
-    metrics). Returns each metric's mean over the steps; the order depends only on ``seed``, so a
-    resumed run draws the same minibatches."""
+    """The update phase shared by GRPO, PPO, OPD and online DPO: ``epochs`` passes over ``n`` rows, each
+    in a fresh order drawn from ``generator``, ``step(minibatch rows)`` per ``minibatch_size`` slice (one
+    optimizer step each, returning its metrics). Returns each metric's mean over the steps; the order
+    depends only on the generator's state, so a resumed run draws the same minibatches."""
     sums: dict[str, float] = {}
     n_steps = 0
-    g = torch.Generator().manual_seed(seed)
     for _ in range(epochs):
-        order = torch.randperm(n, generator=g).to(device)
+        order = torch.randperm(n, generator=generator)
+        order = order if device is None else order.to(device)
         for start in range(0, n, minibatch_size):
             for k, v in step(order[start : start + minibatch_size]).items():
                 sums[k] = sums.get(k, 0.0) + v

@@ -335,7 +335,9 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
         return {"loss": loss_value, "grad_norm": gnorm, **m}
 
     seed = config.train.seed * 104_729 + it
-    update = minibatch_epochs(rows.numel(), ocfg.epochs, ocfg.minibatch_size, seed, device, step)
+    update = minibatch_epochs(
+        rows.numel(), ocfg.epochs, ocfg.minibatch_size, torch.Generator().manual_seed(seed), step, device
+    )
     engine.sync_weights(model)
     engine_lp = seen_old if forward_engine else batch.engine_log_probs
     gap = (seen_old - engine_lp).abs() * batch.mask

@@ -161,7 +161,14 @@ def opd_iteration(config: TextOPDConfig, lm: Any, teacher: Any, engine: Any, opt
         loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, parts(mb))
         return {"loss": loss_value, "grad_norm": gnorm, **m}
 
-    update = minibatch_epochs(n, ocfg.epochs, ocfg.minibatch_size, config.train.seed * 104_729 + it, device, step)
+    update = minibatch_epochs(
+        n,
+        ocfg.epochs,
+        ocfg.minibatch_size,
+        torch.Generator().manual_seed(config.train.seed * 104_729 + it),
+        step,
+        device,
+    )
     engine.sync_weights(model)
     tokens = batch.mask.sum().clamp(min=1)
     return {

@@ -230,7 +230,14 @@ def ppo_iteration(
         _, cnorm, cm = accumulated_step(critic, critic_opt, config.critic.grad_clip, critic_parts())
         return {"loss": loss_value, "grad_norm": gnorm, "critic_grad_norm": cnorm, **m, **cm}
 
-    update = minibatch_epochs(n, ocfg.epochs, ocfg.minibatch_size, config.train.seed * 104_729 + it, device, step)
+    update = minibatch_epochs(
+        n,
+        ocfg.epochs,
+        ocfg.minibatch_size,
+        torch.Generator().manual_seed(config.train.seed * 104_729 + it),
+        step,
+        device,
+    )
     engine.sync_weights(model)
     metrics = {**sampled.metrics, **update}
     metrics.update(
