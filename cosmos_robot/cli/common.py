@@ -59,11 +59,14 @@ ALLOW_DOWNLOAD = typer.Option(
 
 
 def load_ckpt_policy(ckpt: str, device: str, policy_args: dict[str, Any]) -> Any:
-    """``serve --ckpt`` and ``eval --ckpt`` alike: the family's loader gets ``device`` and every ``-a``
-    option; a bad folder, option or device is a ``ValueError`` naming it."""
+    """``serve --ckpt`` and ``eval --ckpt`` alike: the family's loader gets ``device``, the family's
+    ``serve_options`` and every ``-a`` option (which win); a bad folder, option or device is a
+    ``ValueError`` naming it."""
     from cosmos_robot.policies import load_policy_folder
+    from cosmos_robot.policies.registry import family_of
 
-    return load_policy_folder(ckpt, device=torch_device(device), **policy_args)
+    options = {**dict(family_of(ckpt).serve_options), **policy_args}
+    return load_policy_folder(ckpt, device=torch_device(device), **options)
 
 
 def _ws_hint(value: str) -> str:

@@ -22,9 +22,10 @@ def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     return best
 
 
-def compile_blocks(module: torch.nn.Module, every_stack: bool = False) -> int:
+def compile_blocks(module: torch.nn.Module, every_stack: bool = False, backend: str = "inductor") -> int:
     """Compile the blocks of the longest stack (``every_stack``: of every ``ModuleList`` of 2 or more
-    blocks, for models made of several towers); returns how many blocks were compiled."""
+    blocks, for models made of several towers); returns how many blocks were compiled. ``backend``:
+    torch.compile's (``"eager"``: Dynamo's tracing and guards without code generation)."""
     stacks = (
         [list(m) for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 1]
         if every_stack
@@ -33,6 +34,6 @@ def compile_blocks(module: torch.nn.Module, every_stack: bool = False) -> int:
     count = 0
     for stack in stacks:
         for block in stack:
-            block.compile()
+            block.compile(backend=backend)
             count += 1
     return count

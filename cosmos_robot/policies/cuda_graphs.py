@@ -8,7 +8,9 @@ cache share a pool, the least recently used graph is dropped past ``max_graphs``
 padded to a power of two (:func:`bucket_size`, :func:`pad_rows`) by the callers, so a server that
 forms batches of every size from 1 to 8 sees four captures, not eight.
 
-On a CPU (or with ``enabled=False``) the function just runs, under the same autocast.
+On a CPU (or with ``enabled=False``) the function just runs, under the same autocast; the cache
+still counts the new signatures it meets (``shape_misses``), each of which would be a capture on a
+GPU, so a CPU test can prove that serving after warm-up meets no new shape (:mod:`.shape_events`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class GraphCache:
         self.fn, self.enabled, self.autocast_dtype, self.max_graphs = fn, enabled, autocast_dtype, max_graphs
         self.graphs: OrderedDict[Signature, tuple[torch.cuda.CUDAGraph, list[Tensor | None], Tensor]] = OrderedDict()
         self._pool: Any = None
+        self.captures = 0  # graphs captured (a recapture after an eviction counts again)
+        self.shape_misses = 0  # calls with a signature not cached: a capture on CUDA, counted off it too
+        self._seen: OrderedDict[Signature, None] = OrderedDict()  # signatures met with graphs off
 
     def _autocast(self, device: torch.device) -> Any:
         # no weight-cast cache: a graph must not capture casts made outside it
@@ -82,14 +87,16 @@ class GraphCache:
         first = next((t for t in inputs if t is not None), None)
         if first is None:
             raise ValueError("GraphCache needs at least one tensor input")
-        if not (self.enabled and first.is_cuda):
-            with self._autocast(first.device):
-                return self.fn(*inputs, **static)
         key = (
             tuple(None if t is None else (tuple(t.shape), t.dtype, t.device) for t in inputs),
             tuple(sorted(static.items())),
         )
+        if not (self.enabled and first.is_cuda):
+            self._note_eager(key)
+            with self._autocast(first.device):
+                return self.fn(*inputs, **static)
         if key not in self.graphs:
+            self.shape_misses += 1
             try:
                 self.graphs[key] = self._capture(inputs, static, first.device)
             except RuntimeError as exc:
@@ -97,6 +104,7 @@ class GraphCache:
                     raise
                 name = getattr(self.fn, "__name__", None) or getattr(getattr(self.fn, "func", None), "__name__", "fn")
                 raise GraphCaptureError(f"capturing {name} as a CUDA graph failed: {exc}") from exc
+            self.captures += 1
             while len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)
         self.graphs.move_to_end(key)
@@ -106,6 +114,16 @@ class GraphCache:
                 buffer.copy_(value, non_blocking=True)
         graph.replay()
         return out.clone()
+
+    def _note_eager(self, key: Signature) -> None:
+        """Count a signature the graphs would not hold (same LRU bound), as a capture would be counted."""
+        if key in self._seen:
+            self._seen.move_to_end(key)
+            return
+        self.shape_misses += 1
+        self._seen[key] = None
+        while len(self._seen) > self.max_graphs:
+            self._seen.popitem(last=False)
 
     def _capture(
         self, inputs: tuple[Tensor | None, ...], static: dict[str, Any], device: torch.device

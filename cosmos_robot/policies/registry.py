@@ -61,6 +61,9 @@ class Family:
     sft: str | None = None  # an ``SFTAdapter`` class (cosmos_robot_trainers.sft.adapter): the SFT trainer
     export: str | None = None  # an ``Exporter`` class (cosmos_robot_exporters.base): ``cosmos-robot export``
     tiny: str | None = None  # ``write_tiny(out_dir) -> folder``: a tiny random checkpoint for debug recipes
+    # loader options ``serve --ckpt`` and ``eval --ckpt`` pass unless ``-a`` says otherwise: what a server
+    # needs and the library default must not do (GR00T: one token length for every prompt, see its policy)
+    serve_options: tuple[tuple[str, Any], ...] = ()
 
     def policy_class(self) -> Any:
         """The serving policy class (a ``CheckpointError`` for a family that is not a robot policy)."""
@@ -132,6 +135,7 @@ FAMILIES: dict[str, Family] = {
             rl=f"{_CORE}.groot.rl:Gr00tRLAdapter",
             export=f"{_EXPORT}.groot:Gr00tExporter",
             tiny=f"{_CORE}.groot.tiny:write_tiny",
+            serve_options=(("text_tokens", 128),),
         ),
         Family(
             "cosmos3",

@@ -45,6 +45,7 @@ from cosmos_robot.policies.cosmos3.conventions import (
 )
 from cosmos_robot.policies.cosmos3.sampler import Cosmos3Sampler
 from cosmos_robot.policies.registry import CheckpointError, read_json, torch_dtype
+from cosmos_robot.policies.shape_events import ShapeCounted
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_client.spec import ArraySpec, InputSpec, ObservationError, TextSpec
 
@@ -86,7 +87,7 @@ def _spec(embodiment: Embodiment) -> InputSpec:
     return InputSpec(fields, allow_extra=False, ignored_keys=_IGNORED)
 
 
-class Cosmos3Policy(BatchPolicy):
+class Cosmos3Policy(ShapeCounted, BatchPolicy):
     """Serve a Cosmos3 action-policy pipeline with cosmos-framework's conventions."""
 
     def __init__(

@@ -34,6 +34,7 @@ from cosmos_robot.policies.flow.modeling_flow import FlowModel
 from cosmos_robot.policies.flow.sampling import sample_actions
 from cosmos_robot.policies.flow.text import encode_prompts
 from cosmos_robot.policies.registry import CheckpointError, read_json
+from cosmos_robot.policies.shape_events import ShapeCounted
 from cosmos_robot.transforms import (
     BinarizeActions,
     ConcatKeys,
@@ -125,7 +126,7 @@ def collate_observations(
     }
 
 
-class FlowPolicy(BatchPolicy):
+class FlowPolicy(ShapeCounted, BatchPolicy):
     """Serve a ``FlowModel``: ``infer_batch(list of openpi obs) -> [{"actions": float32 (H, D)}]``."""
 
     def __init__(

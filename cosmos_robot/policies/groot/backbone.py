@@ -130,11 +130,11 @@ class FastQwen3Backbone:
         self._plans: OrderedDict[tuple[Any, ...], BackbonePlan] = OrderedDict()
         self._vision: dict[tuple[Any, ...], tuple[Tensor, Tensor, Tensor]] = {}
 
-    def compile(self) -> None:
+    def compile(self, backend: str = "inductor") -> None:
         """``torch.compile`` the batched vision blocks (the text layers are LeRobot's own modules and
         are compiled with the rest of the model by the loader)."""
         for block in self.vision_blocks:
-            block.compile()
+            block.compile(backend=backend)
 
     # --- planning (outside any graph) ------------------------------------------------------------
     def plan(self, model_input: dict[str, Tensor]) -> BackbonePlan:

@@ -35,6 +35,7 @@ from cosmos_robot.policies.groot.processing import install_caching_processor
 from cosmos_robot.policies.groot.remote_code import check_remote_code
 from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy, check_processor_states
 from cosmos_robot.policies.registry import CheckpointError, read_json, require_files, torch_dtype
+from cosmos_robot.policies.shape_events import ShapeCounted
 from cosmos_robot_client.base_policy import BatchPolicy
 
 __all__ = ["Gr00tPolicy"]
@@ -44,13 +45,31 @@ log = logging.getLogger(__name__)
 REQUIRED_FILES = ("config.json", "model.safetensors", "policy_preprocessor.json", "policy_postprocessor.json")
 
 
-class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
+# 0: tokens padded as LeRobot pads them (to the batch's longest prompt), its numerics exactly. GR00T's VL
+# self-attention and its DiT (inference path) attend to pad tokens unmasked, so padding every prompt to a
+# fixed length (``text_tokens=128``: one graph for all ordinary prompts) moves chunks slightly: by up
+# to 8e-4 on the tiny random model in fp32, as LeRobot's own mixed-prompt batches already do.
+DEFAULT_TEXT_TOKENS = 0
+_LONG_PROMPT_MULTIPLE = 64
+
+
+class Gr00tPolicy(ShapeCounted, LeRobotIOPolicy, BatchPolicy):
     """Serve a GR00T N1.7 folder: ``infer_batch(list of obs) -> [{"actions": float32 (H, D)}]``."""
 
     def __init__(
-        self, policy: Any, preprocessor: Any, postprocessor: Any, serve_seed: int = 0, cuda_graphs: bool = True
+        self,
+        policy: Any,
+        preprocessor: Any,
+        postprocessor: Any,
+        serve_seed: int = 0,
+        cuda_graphs: bool = True,
+        text_tokens: int = DEFAULT_TEXT_TOKENS,
     ) -> None:
+        if isinstance(text_tokens, bool) or not isinstance(text_tokens, int) or text_tokens < 0:
+            raise ValueError(f"text_tokens must be a non-negative int (0: no padding), got {text_tokens!r}")
         self.policy = policy.eval()
+        self.text_tokens = text_tokens
+        self._pad_id = _tokenizer_pad_id(preprocessor)
         self.preprocessor, self.postprocessor = preprocessor, postprocessor
         self.serve_seed = serve_seed
         cfg = policy.config
@@ -77,6 +96,8 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
         dtype: str | None = None,
         cuda_graphs: bool = True,
         compile: bool = False,
+        compile_backend: str = "inductor",
+        text_tokens: int = DEFAULT_TEXT_TOKENS,
         gpu_images: bool = False,
         trust_remote_code: bool = False,
         allow_download: bool = False,
@@ -85,7 +106,12 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
         LeRobot's float32, under its bf16 autocast when ``use_bf16``). ``cuda_graphs``: on CUDA the
         whole chunk (backbone, encoders, flow loop) replays as one CUDA graph per input signature
         (:mod:`.fast`, :mod:`.backbone`). ``compile``: ``torch.compile``
-        every block of every layer stack (vision tower, language model, VL self-attention, DiT).
+        every block of every layer stack (vision tower, language model, VL self-attention, DiT), with
+        ``compile_backend`` (``eager``: Dynamo's guards without code generation, for tests).
+        ``text_tokens``: the fast path left-pads every sample's tokens to its image tokens plus this
+        many (longer prompts: the next multiple of 64), so prompts of any length up to it share one
+        graph and one compilation; 0 (default): as LeRobot pads, to the batch's longest prompt, and
+        its numerics exactly (see ``DEFAULT_TEXT_TOKENS`` for what padding changes).
         ``gpu_images``: on CUDA, LeRobot's VLM encode step resizes and patchifies the camera images
         on the GPU (its own ``device`` setting; folders trained with albumentations keep their cv2
         path on the CPU). Off by default: LeRobot's default, and not yet measured on the GPU.
@@ -113,7 +139,7 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
         if weights_dtype is not None:
             policy.to(weights_dtype)
         if compile:
-            compile_blocks(policy._groot_model, every_stack=True)
+            compile_blocks(policy._groot_model, every_stack=True, backend=compile_backend)
         policy.config.device = str(torch.device(device))
         try:
             pre, post = make_pre_post_processors(
@@ -128,9 +154,9 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
             for step in pre.steps:
                 if type(step).__name__ == "GrootN17VLMEncodeStep" and not getattr(step, "use_albumentations", True):
                     step.device = str(torch.device(device))
-        served = cls(policy, pre, post, cuda_graphs=cuda_graphs)
+        served = cls(policy, pre, post, cuda_graphs=cuda_graphs, text_tokens=text_tokens)
         if compile and served._backbone is not None:
-            served._backbone.compile()
+            served._backbone.compile(backend=compile_backend)
         return served
 
     def save_pretrained(self, ckpt_dir: str | Path) -> Path:
@@ -158,6 +184,9 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
 
     def reset(self) -> None:
         self.policy.reset()
+
+    def graph_caches(self) -> list[GraphCache | None]:
+        return [self._chunk, self._loop]
 
     def infer_batch(self, obs_batch: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not obs_batch:
@@ -213,6 +242,9 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
         noise = self._noise(n, self._noise_dtype, device)
         size = bucket_size(n)
         model_input = {k: _pad_samples(backbone_inputs[k], n, size) for k in _BACKBONE_KEYS if k in backbone_inputs}
+        if self.text_tokens and self._pad_id is not None:
+            image_token = self._backbone.qwen.config.image_token_id
+            model_input = pad_text(model_input, self.text_tokens, image_token, self._pad_id)
         plan = self._backbone.plan(model_input)
         return self._chunk(
             model_input["pixel_values"],
@@ -245,6 +277,36 @@ class Gr00tPolicy(LeRobotIOPolicy, BatchPolicy):
 
 
 _BACKBONE_KEYS = ("input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids")
+_TOKEN_KEYS = {"input_ids": None, "attention_mask": 0, "mm_token_type_ids": 0}  # per-token rows, pad values
+
+
+def _tokenizer_pad_id(preprocessor: Any) -> int | None:
+    """The pad token of the VLM step's tokenizer (``None``: no such step, the sequence is not padded)."""
+    for step in getattr(preprocessor, "steps", []):
+        proc = getattr(step, "proc", None)
+        pad = getattr(getattr(proc, "tokenizer", None), "pad_token_id", None)
+        if pad is not None:
+            return int(pad)
+    return None
+
+
+def pad_text(model_input: dict[str, torch.Tensor], text_tokens: int, image_token: int, pad_id: int) -> dict[str, Any]:
+    """Left-pad the token rows (as GR00T's processor pads a batch) to the image tokens plus
+    ``text_tokens``, or for a longer prompt to the next multiple of 64: one sequence length, hence
+    one graph and one compilation, for every prompt of ordinary length. Padded positions are masked,
+    so the chunk is the one of the unpadded batch (a test compares them)."""
+    ids = model_input["input_ids"]
+    length = int(ids.shape[1])
+    target = int((ids[0] == image_token).sum()) + text_tokens
+    if length > target:
+        target = -(-length // _LONG_PROMPT_MULTIPLE) * _LONG_PROMPT_MULTIPLE
+    if target == length:
+        return model_input
+    out: dict[str, Any] = dict(model_input)
+    for key, value in _TOKEN_KEYS.items():
+        if key in out:
+            out[key] = torch.nn.functional.pad(out[key], (target - length, 0), value=pad_id if value is None else value)
+    return out
 
 
 def _pad_samples(t: torch.Tensor, n: int, size: int) -> torch.Tensor:

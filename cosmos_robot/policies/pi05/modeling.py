@@ -590,15 +590,20 @@ class Pi05Model(nn.Module):
         """Prefix encoding plus the K flow steps: one call, no host synchronisation (CUDA-graph safe)."""
         return self.sample_actions(self.encode_prefix(images, image_masks, tokens, token_mask), noise, num_steps)
 
-    def compile_steps(self, mode: str | None = None) -> None:
+    def compile_steps(self, mode: str | None = None, backend: str = "inductor") -> None:
         """``torch.compile`` the prefix encoder and the flow step (static shapes; compiled on first call).
         ``mode``: Inductor's ``"default"`` or ``"max-autotune-no-cudagraphs"`` (benchmarks the GEMM and
         kernel configurations for these shapes: minutes more to compile); modes that capture their own
-        CUDA graphs are refused, the policy captures the whole chunk itself."""
+        CUDA graphs are refused, the policy captures the whole chunk itself. ``backend``: torch.compile's
+        backend (``"eager"`` traces and guards exactly as Inductor would, without code generation:
+        what the CPU tests use to count recompilations)."""
         if mode not in COMPILE_MODES:
             raise ValueError(f"compile mode {mode!r} is not one of {sorted(m for m in COMPILE_MODES if m)}")
-        self.encode_prefix = torch.compile(self.encode_prefix, dynamic=False, mode=mode)  # type: ignore[method-assign]
-        self.velocity = torch.compile(self.velocity, dynamic=False, mode=mode)  # type: ignore[method-assign]
+        options: dict[str, Any] = {"dynamic": False, "backend": backend}
+        if backend == "inductor":
+            options["mode"] = mode
+        self.encode_prefix = torch.compile(self.encode_prefix, **options)  # type: ignore[method-assign]
+        self.velocity = torch.compile(self.velocity, **options)  # type: ignore[method-assign]
 
     # --- training --------------------------------------------------------------------------------
     def flow_loss(
@@ -654,12 +659,20 @@ class GraphedGenerate:
     """
 
     def __init__(
-        self, model: Pi05Model, num_steps: int, compile: bool | str = False, trim_prompt: bool = False
+        self,
+        model: Pi05Model,
+        num_steps: int,
+        compile: bool | str = False,
+        trim_prompt: bool = False,
+        graphs: bool = True,
+        compile_backend: str = "inductor",
     ) -> None:
         self.model, self.num_steps, self.trim_prompt = model, num_steps, trim_prompt
         if compile:  # Inductor fuses the many small norm/RoPE/gating kernels; graphs then replay them
-            model.compile_steps(mode=compile if isinstance(compile, str) else None)
-        self.cache = GraphCache(self._generate, max_graphs=16)
+            model.compile_steps(mode=compile if isinstance(compile, str) else None, backend=compile_backend)
+        # graphs off (compiled on a CPU, or -a cuda_graphs=false): the same buckets, so a compiled
+        # model meets only the warmed batch shapes and never recompiles while serving
+        self.cache = GraphCache(self._generate, enabled=graphs, max_graphs=16)
 
     @property
     def graphs(self) -> Any:

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cosmos_robot.policies.cuda_graphs import GraphCaptureError
+from cosmos_robot.policies.cuda_graphs import GraphCache, GraphCaptureError
 from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy, check_processor_states
 from cosmos_robot.policies.pi05.checkpoint import (
     CONFIG_FILE,
@@ -54,6 +54,7 @@ from cosmos_robot.policies.pi05.modeling import (
     PrefixCache,
 )
 from cosmos_robot.policies.registry import CheckpointError, torch_dtype
+from cosmos_robot.policies.shape_events import ShapeCounted
 from cosmos_robot_client.base_policy import BatchPolicy
 
 __all__ = ["Pi05Inputs", "Pi05Policy", "build_processors", "resize_with_pad"]
@@ -142,7 +143,7 @@ def resolve_attention(name: str | None, compiled: bool) -> str | None:
     return name
 
 
-class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
+class Pi05Policy(ShapeCounted, LeRobotIOPolicy, BatchPolicy):
     """Serve a pi0.5 checkpoint: ``infer_batch(list of obs) -> [{"actions": float32 (H, D)}]``."""
 
     def __init__(
@@ -159,6 +160,7 @@ class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
         compile: bool | str = False,
         trim_prompt: bool = False,
         attention: str | None = None,
+        compile_backend: str = "inductor",
     ) -> None:
         self.model = model.eval()
         self.lerobot_config = lerobot_config
@@ -176,13 +178,20 @@ class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
             model.set_attention(attention)
         if trim_prompt and not use_graphs:
             raise ValueError("trim_prompt=True cuts the prompt's padding before the CUDA graph: it needs cuda_graphs")
+        # graphs, or compiled without them (Inductor still fuses the elementwise chains): the chunk goes
+        # through GraphedGenerate, whose batch buckets keep the compiled shapes to the warmed ones
         self.graphed = (
-            GraphedGenerate(self.model, self.num_steps, compile=compile, trim_prompt=trim_prompt)
-            if use_graphs
+            GraphedGenerate(
+                self.model,
+                self.num_steps,
+                compile=compile,
+                trim_prompt=trim_prompt,
+                graphs=use_graphs,
+                compile_backend=compile_backend,
+            )
+            if use_graphs or compile
             else None
         )
-        if compile and not use_graphs:  # eager, compiled: Inductor still fuses the elementwise chains
-            model.compile_steps(mode=compile if isinstance(compile, str) else None)
 
     # --- construction ----------------------------------------------------------------------------
     @property
@@ -204,6 +213,7 @@ class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
         compile: bool | str = False,
         trim_prompt: bool = False,
         attention: str = "auto",
+        compile_backend: str = "inductor",
         allow_download: bool = False,
     ) -> Pi05Policy:
         """Load a LeRobot pi05 folder (see ``checkpoint``). ``dtype`` defaults to the config's ``dtype``;
@@ -216,7 +226,9 @@ class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
         outputs), at the price of one more graph, and compile, per prompt-length bucket: for servers
         with stable prompts (docs/pi05.md). ``attention``: ``"sdpa"``, ``"math"``
         (``Pi05Model.set_attention``) or ``"auto"``: math when compiled under the graphs (Inductor
-        fuses it: 21.0 against 32.4 ms per chunk on an H200), SDPA otherwise. ``allow_download``:
+        fuses it: 21.0 against 32.4 ms per chunk on an H200), SDPA otherwise. ``compile_backend``:
+        torch.compile's backend (``eager``: the same tracing and guards without code generation, to
+        check a server's recompilations quickly). ``allow_download``:
         fetch a tokenizer named by hub id that is not in the HF cache (never, by default)."""
         root = Path(ckpt_dir)
         check_folder(root)
@@ -251,6 +263,7 @@ class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
         return cls(
             model, lr_config, pre, post, tokenizer,
             cuda_graphs=cuda_graphs, compile=compile, trim_prompt=trim_prompt, attention=attention,
+            compile_backend=compile_backend,
         )  # fmt: skip
 
     @classmethod
@@ -336,6 +349,9 @@ class Pi05Policy(LeRobotIOPolicy, BatchPolicy):
     def denoise(self, cache: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
         """Model-space chunks (B, chunk, max_action_dim) from the cached prefix; RL samplers override this."""
         return self.model.sample_actions(cache, noise, self.num_steps)
+
+    def graph_caches(self) -> list[GraphCache | None]:
+        return [self.graphed.cache] if self.graphed is not None else []
 
     def generate(self, inputs: Pi05Inputs, noise: torch.Tensor) -> torch.Tensor:
         """Model-space chunks for prepared inputs: the captured graph on CUDA, else eager."""

@@ -158,6 +158,7 @@ class DynamicBatcher:
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._clients: dict[str, _ClientState] = {}
+        self.on_call: Callable[[int], None] | None = None  # after each policy call, with its batch size
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -435,6 +436,8 @@ class DynamicBatcher:
     def _record_call(self, size: int, infer_ms: float) -> None:
         self.metrics.observe("cosmos_robot_batch_size", size)
         self.metrics.observe("cosmos_robot_policy_latency_seconds", infer_ms / 1000)
+        if self.on_call is not None:
+            self.on_call(size)
 
     def _resolve(
         self,

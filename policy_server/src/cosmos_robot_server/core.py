@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import sys
 import time
 from collections import OrderedDict
@@ -53,9 +54,10 @@ from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.metrics import Metrics
 from cosmos_robot_server.payloads import payload_nbytes
 
-__all__ = ["PROTOCOL_KEYS", "NonFiniteOutput", "PolicyError", "RequestError", "ServingCore"]
+__all__ = ["PROTOCOL_KEYS", "NonFiniteOutput", "PolicyError", "RequestError", "ServingCore", "ShapeWatch"]
 
 T = TypeVar("T")
+_log = logging.getLogger(__name__)
 PROTOCOL_KEYS = frozenset({"endpoint", "session_id"})  # RoboArena / vllm-omni request envelope fields
 PROTOCOL_VERSION = 1
 _LARGE_MAP_KEYS = 256  # validate maps with more keys (or batches with more entries) in a worker thread
@@ -90,6 +92,48 @@ class _SwitchInterval:
 
 
 _SWITCH_INTERVAL = _SwitchInterval()
+
+
+class ShapeWatch:
+    """Compilations and CUDA-graph captures after ``/readyz``: each one is a latency spike a robot sees.
+
+    A policy that reports ``runtime_counters()`` (the torch families do: ``compiles``,
+    ``graph_captures``, ``shape_misses``; see ``cosmos_robot.policies.shape_events``) is read after
+    every policy call once the server is ready (on the policy thread, a few microseconds); any
+    increase is counted as ``cosmos_robot_after_ready_total{kind=...}`` and logged with the batch size
+    that caused it, so a benchmark or an operator sees that warm-up missed a shape."""
+
+    def __init__(self, policy: Any, metrics: Metrics) -> None:
+        read = getattr(policy, "runtime_counters", None)
+        self._read: Callable[[], Mapping[str, int]] | None = read if callable(read) else None
+        self._metrics = metrics
+        self._last: dict[str, int] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self._read is not None
+
+    def arm(self) -> None:
+        if self._read is not None:
+            self._last = dict(self._read())
+            for kind in self._last:
+                self._metrics.inc("cosmos_robot_after_ready_total", 0, kind=kind)  # present at 0
+
+    def after_call(self, batch_size: int) -> None:
+        if self._read is None or self._last is None:
+            return
+        now = dict(self._read())
+        for kind, value in now.items():
+            grew = value - self._last.get(kind, 0)
+            if grew > 0:
+                self._metrics.inc("cosmos_robot_after_ready_total", grew, kind=kind)
+                _log.warning(
+                    "%d %s after ready, in a call of batch size %d: warm-up did not cover this shape",
+                    grew,
+                    kind,
+                    batch_size,
+                )
+        self._last = now
 
 
 class _Checked(NamedTuple):
@@ -179,6 +223,9 @@ class ServingCore:
             ),
         )
         self.sessions = _Sessions(config.max_sessions) if self.batcher.session_aware else None
+        self.shape_watch = ShapeWatch(policy, self.metrics)
+        if self.shape_watch.enabled:
+            self.batcher.on_call = self.shape_watch.after_call
         self.ready = False
         self.started_at = time.time()
         self._holds_switch_interval = False
@@ -192,6 +239,11 @@ class ServingCore:
             _SWITCH_INTERVAL.claim(self.config.gil_switch_interval_ms / 1000)
             self._holds_switch_interval = True
         self.batcher.start()
+
+    def mark_ready(self) -> None:
+        """Warm-up is over: ``/readyz`` answers 200, and compilations or captures from now on are counted."""
+        self.shape_watch.arm()
+        self.ready = True
 
     async def stop(self) -> None:
         self.ready = False

@@ -49,6 +49,10 @@ class Metrics:
         "cosmos_robot_request_latency_seconds": ("histogram", "Request latency from receipt to reply."),
         "cosmos_robot_policy_latency_seconds": ("histogram", "Duration of one policy call (one batch)."),
         "cosmos_robot_batch_size": ("histogram", "Observations per policy call."),
+        "cosmos_robot_after_ready_total": (
+            "counter",
+            "Compilations, CUDA-graph captures and unseen input shapes after /readyz (warm-up missed them), by kind.",
+        ),
     }
 
     def __init__(self) -> None:

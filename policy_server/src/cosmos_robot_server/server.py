@@ -64,7 +64,7 @@ class PolicyServer:
         if self.config.warmup_batches:  # listening (/healthz answers) but not ready until warm
             seconds = await self.core.warm_up(self.config.warmup_batches)
             log.info("warm-up: %s", ", ".join(f"batch {n} in {s:.1f} s" for n, s in seconds.items()))
-        self.core.ready = True
+        self.core.mark_ready()
         log.info("serving on %s", ", ".join(f"{n}={self.config.host}:{p}" for n, p in self.ports.items()))
 
     async def _close(self) -> None:

@@ -1,0 +1,124 @@
+"""No compilation and no graph capture after ``/readyz``, at any batch size up to ``--max-batch``.
+
+A shape the warm-up did not cover compiles (``torch.compile``) or captures (CUDA graph) in the middle
+of serving: the p99 spike a robot sees. These tests serve tiny torch policies through the real
+server on loopback with the warm-up ``serve`` runs, send client-side batches of every size from 1
+to ``max_batch`` (each one policy call of exactly that size) and read the server's
+``cosmos_robot_after_ready_total`` counters. On this CPU there are no CUDA graphs; the graph caches
+count the signatures they would have captured (``shape_misses``), and pi0.5 is compiled with
+torch.compile's ``eager`` backend (Dynamo's tracing and guards, no code generation), which
+recompiles exactly when Inductor would.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cosmos_robot.cli.common import load_ckpt_policy
+from cosmos_robot.cli.serve import warmup_batches
+from cosmos_robot.policies.groot.policy import Gr00tPolicy
+from cosmos_robot.policies.groot.tiny import build_tiny_groot
+from cosmos_robot.policies.pi05.policy import Pi05Policy
+from cosmos_robot.policies.shape_events import dynamo_compiles
+from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
+from cosmos_robot_server import PolicyServer, ServerConfig
+from tests.policies._pi05_helpers import libero_obs, tiny_pi05
+
+MAX_BATCH = 4
+
+
+@contextmanager
+def served(
+    policy: Any, warmup: tuple[int, ...], max_batch: int = MAX_BATCH
+) -> Iterator[tuple[WebsocketClientPolicy, str]]:
+    config = ServerConfig(port=0, transports=("ws",), max_batch_size=max_batch, warmup_batches=warmup)
+    server = PolicyServer(policy, config).start_in_thread(timeout_s=600)
+    client = WebsocketClientPolicy("127.0.0.1", server.ports["ws"])
+    try:
+        yield client, f"http://127.0.0.1:{server.ports['ws']}/metrics"
+    finally:
+        client.close()
+        server.stop()
+
+
+def after_ready(metrics_url: str) -> dict[str, float]:
+    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
+        text = reply.read().decode()
+    found = re.findall(r'^cosmos_robot_after_ready_total\{kind="(\w+)"\} (\S+)$', text, flags=re.M)
+    return {kind: float(value) for kind, value in found}
+
+
+def every_batch_size(
+    client: WebsocketClientPolicy, obs: list[dict[str, Any]], sizes: Iterable[int] = range(1, MAX_BATCH + 1)
+) -> None:
+    for n in sizes:
+        replies = client.infer_batch(obs[:n])
+        assert [r["server_timing"]["batch_size"] for r in replies] == [n] * n  # one call of exactly n
+        assert all(np.isfinite(r["actions"]).all() for r in replies)
+
+
+@pytest.fixture(scope="module")
+def pi05_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_pi05().save_pretrained(tmp_path_factory.mktemp("pi05") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def groot_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_groot(tmp_path_factory.mktemp("groot"))
+
+
+def test_compiled_pi05_never_recompiles_after_warm_up(pi05_folder: Path) -> None:
+    """``serve --warmup auto`` batch sizes (powers of two up to max_batch, and max_batch): every batch
+    size then replays a compiled bucket (pi0.5 compiled without CUDA graphs used to run each batch size
+    at its own shape and recompile for 3). Then the counters are shown not to be blind: batches of 5-8,
+    allowed by ``max_batch=8`` but not warmed, meet bucket 8 while serving. One server for both: in
+    torch 2.11 a recompilation on a thread other than one that has exited after compiling segfaults
+    (a minimal torch-only reproduction is in docs/benchmarks.md), and each server has its own thread."""
+    policy = Pi05Policy.from_pretrained(pi05_folder, compile=True, compile_backend="eager")
+    warm = warmup_batches("auto", MAX_BATCH, "cuda")
+    assert warm == (1, 2, 4)
+    before = dynamo_compiles()
+    obs = [libero_obs(i, prompt=["put the bowl on the plate", "open the drawer"][i % 2]) for i in range(8)]
+    with served(policy, warm, max_batch=8) as (client, metrics):
+        assert dynamo_compiles() > before  # the warm-up compiled (the counter sees compilations)
+        every_batch_size(client, obs, sizes=range(1, MAX_BATCH + 1))
+        assert after_ready(metrics) == {"compiles": 0, "graph_captures": 0, "shape_misses": 0}
+        every_batch_size(client, obs, sizes=range(MAX_BATCH + 1, 9))
+        counts = after_ready(metrics)
+    assert counts["shape_misses"] == 1 and counts["compiles"] >= 1 and counts["graph_captures"] == 0
+
+
+def test_groot_meets_no_new_shape_after_warm_up(groot_folder: Path) -> None:
+    """As ``serve --ckpt`` loads it (the family's serve options: ``text_tokens=128``), GR00T meets no new
+    shape after a warm-up on its example observation, whose prompt ("do something") is not the clients'."""
+    policy = load_ckpt_policy(str(groot_folder), "cpu", {})
+    assert isinstance(policy, Gr00tPolicy) and policy.text_tokens == 128
+    obs = [libero_obs(i) for i in range(MAX_BATCH)]
+    with served(policy, warmup_batches("auto", MAX_BATCH, "cuda")) as (client, metrics):
+        every_batch_size(client, obs)
+        counts = after_ready(metrics)
+    assert counts == {"compiles": 0, "graph_captures": 0, "shape_misses": 0}
+
+
+def test_groot_text_tokens_give_every_prompt_one_shape(groot_folder: Path) -> None:
+    """LeRobot pads GR00T's tokens to the batch's longest prompt, so a new prompt length is a new
+    graph; ``text_tokens`` pads every ordinary prompt to one length (and moves chunks slightly:
+    GR00T attends to pad tokens unmasked, see ``DEFAULT_TEXT_TOKENS``)."""
+    prompts = ["go", "put the bowl on the plate", "pick up the black bowl next to the ramekin and put it on the plate"]
+    counts = {}
+    for text_tokens in (0, 128):
+        policy = Gr00tPolicy.from_pretrained(groot_folder, text_tokens=text_tokens)
+        for prompt in prompts:
+            policy.infer(libero_obs(0, prompt=prompt))
+        counts[text_tokens] = policy.runtime_counters()["shape_misses"]
+    assert counts == {0: 3, 128: 1}
+    with pytest.raises(ValueError, match="text_tokens must be a non-negative int"):
+        Gr00tPolicy.from_pretrained(groot_folder, text_tokens=-1)
