@@ -123,10 +123,17 @@ class _Item:
     future: asyncio.Future[tuple[dict[str, Any], Timing]]
     nbytes: int = 0
     session: SessionSlot | None = None
-    signature: Hashable = None
+    _signature: Hashable = None  # computed when first needed: a lone request is never grouped
     t_enqueue: float = field(default_factory=time.perf_counter)
     held: bool = False  # counted in flight (``_hold``) and not yet released
     count: int = 1  # requests it counts as (0: its raw message's reservation counts it)
+    _signed: bool = False
+
+    @property
+    def signature(self) -> Hashable:
+        if not self._signed:
+            self._signature, self._signed = structure_signature(self.obs), True
+        return self._signature
 
 
 class DynamicBatcher:
@@ -212,7 +219,7 @@ class DynamicBatcher:
         state = self._arrival(client_id, now)
         slots = list(sessions) if sessions is not None else [None] * len(obs_list)
         items = [
-            _Item(obs, client_id, loop.create_future(), size, slot, structure_signature(obs), count=int(not reserved))
+            _Item(obs, client_id, loop.create_future(), size, slot, count=int(not reserved))
             for obs, size, slot in zip(obs_list, sizes, slots)
         ]
         for item in items:
@@ -478,6 +485,8 @@ class DynamicBatcher:
 
 
 def _group(items: list[_Item]) -> dict[Hashable, list[_Item]]:
+    if len(items) == 1:  # nothing to group with: no signature to compute
+        return {None: items}
     groups: dict[Hashable, list[_Item]] = {}
     for item in items:
         groups.setdefault(item.signature, []).append(item)

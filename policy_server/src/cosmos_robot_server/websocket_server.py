@@ -24,8 +24,8 @@ What differs from openpi's server, and why:
 - ``server_timing.prev_total_ms`` measures decode + infer + send of the previous request only;
   openpi's also counts the time the server sat waiting for the client.
 
-Hardening (issue 15): every request is decoded in the transport's decode pool within the
-server's ``DecodeLimits`` (a crafted 40 MB map once froze every client for 5.5 s); connections
+Hardening (issue 15): every request is decoded within the server's ``DecodeLimits`` (a crafted 40 MB
+map once froze every client for 5.5 s), in the transport's decode pool unless it is small (``wire.py``); connections
 over ``max_connections`` get HTTP 503 before the upgrade; the handshake must finish within
 ``header_timeout_s``; a client that disconnects while its request is in flight has that request
 cancelled (the batcher skips it), so a departed client costs no inference; per-connection
@@ -221,16 +221,25 @@ class WebsocketTransport(Transport):
         self, message: str | bytes, client_id: str, closed: asyncio.Future[None]
     ) -> dict[str, Any] | str | None:
         """``_answer``, cancelled when ``closed`` resolves first (then ``None``): a client that left
-        must not keep its request queued or running (H2's batcher skips cancelled requests)."""
+        must not keep its request queued or running (H2's batcher skips cancelled requests). The
+        close cancels the answer through a done-callback (9 us a request, against 19 us for
+        ``asyncio.wait`` on both: a twentieth of the transport's overhead for one client)."""
         answer = asyncio.ensure_future(self._answer(message, client_id))
+        if closed.done():
+            answer.cancel()
+
+        def on_close(_: asyncio.Future[None]) -> None:
+            answer.cancel()
+
+        closed.add_done_callback(on_close)
         try:
-            await asyncio.wait((answer, closed), return_when=asyncio.FIRST_COMPLETED)
+            return await answer  # raises the _ClientError, if any
+        except asyncio.CancelledError:
+            me = asyncio.current_task()
+            if not closed.done() or (me is not None and me.cancelling()):
+                raise  # the handler itself is being cancelled (server stop): not the client's departure
         finally:
-            if not answer.done():
-                answer.cancel()
-        if answer.done() and not answer.cancelled():
-            return answer.result()  # raises the _ClientError, if any
-        await asyncio.wait((answer,))  # let the cancellation unwind before the connection's bookkeeping goes
+            closed.remove_done_callback(on_close)
         self.core.metrics.inc("cosmos_robot_requests_total", transport=self.name, outcome="cancelled")
         rlog.info("cancelled", "websocket %s: client left with a request in flight; request cancelled", client_id)
         return None
@@ -245,7 +254,7 @@ class WebsocketTransport(Transport):
             )
         assert self._decoder is not None
         try:
-            request = await self._decoder.decode(message)  # never on the loop: see wire.py
+            request = await self._decoder.decode(message)  # on the loop only when small: see wire.py
         except CodecLimitError as exc:
             raise _ClientError(f"request too complex: {exc}", "request too complex", "bad_request") from exc
         except CodecError as exc:
