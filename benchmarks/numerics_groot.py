@@ -1,0 +1,137 @@
+"""bf16 numerics yardstick for GR00T N1.7, independent of trained weights: each path against float32.
+
+The pi0.5 counterpart's question (``numerics_pi05.py``) for GR00T: on the same observations and the
+same initial noise, how far is each path's chunk from LeRobot's float32 chunk?
+
+- ``lerobot fp32``: LeRobot's ``predict_action_chunk`` with ``use_bf16=False``: the reference;
+- ``lerobot bf16``: the same weights under LeRobot's own ``use_bf16=True`` (bf16 autocast, its default
+  for the released model);
+- ``ours fp32``, ``ours bf16 autocast`` (LeRobot's setting through our fast path), ``ours bf16 weights``
+  (``dtype=bfloat16``: the weights cast, as served for speed); on CUDA the fast path is graphed.
+
+GR00T draws its initial noise inside ``get_action`` in the features' dtype, so a bf16 run would start
+from other noise than a float32 one. Here the noise is an input: one float32 draw, handed to every path
+through ``torch.randn`` while the chunk is computed (cast to the dtype the path asks for), so what
+differs between the rows is the arithmetic alone. Exits 1 when ``ours fp32`` is more than 1e-4 from
+LeRobot's float32 chunk or ``ours bf16 autocast`` has a larger mean error than LeRobot's bf16.
+
+    .venv/bin/python benchmarks/numerics_groot.py --size tiny                    # CPU, seconds
+    python benchmarks/numerics_groot.py --size released --device cuda --batch 4   # H200
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@contextlib.contextmanager
+def fixed_noise(noise: torch.Tensor) -> Iterator[None]:
+    """``torch.randn`` of ``noise``'s shape returns ``noise`` (in the requested dtype and device)."""
+    real = torch.randn
+
+    def randn(*size: Any, **kwargs: Any) -> torch.Tensor:
+        shape = tuple(kwargs.get("size", size[0] if len(size) == 1 and not isinstance(size[0], int) else size))
+        if shape == tuple(noise.shape):
+            return noise.to(dtype=kwargs.get("dtype") or noise.dtype, device=kwargs.get("device") or noise.device)
+        return real(*size, **kwargs)
+
+    torch.randn = randn  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.randn = real  # type: ignore[assignment]
+
+
+def observations(batch: int, seed: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    prompts = ["put the bowl on the plate", "open the top drawer of the cabinet"]
+    return [
+        {
+            "observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+            "observation/state": rng.uniform(-1, 1, 8).astype(np.float32),
+            "prompt": prompts[i % len(prompts)],
+        }
+        for i in range(batch)
+    ]
+
+
+def lerobot_chunk(policy: Any, obs: list[dict[str, Any]], noise: torch.Tensor, use_bf16: bool) -> np.ndarray:
+    """LeRobot's own pipeline (preprocessor, ``predict_action_chunk``, postprocessor) of our loaded folder."""
+    policy.policy.config.use_bf16 = use_bf16
+    with torch.inference_mode(), fixed_noise(noise):
+        out = policy.postprocessor(policy.policy.predict_action_chunk(policy.preprocessor(policy.io.batch(obs))))
+    return np.asarray(out.float().cpu().numpy())
+
+
+def ours_chunk(policy: Any, obs: list[dict[str, Any]], noise: torch.Tensor) -> np.ndarray:
+    with fixed_noise(noise):
+        return np.stack([r["actions"] for r in policy.infer_batch(obs)])
+
+
+def error(actions: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+    diff = np.abs(actions - reference)
+    return {"mean_abs": float(diff.mean()), "max_abs": float(diff.max())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", choices=["tiny", "released"], default="tiny")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--folder", type=Path, default=None, help="reuse or build the GR00T folders here")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    from cosmos_robot.policies.groot.policy import Gr00tPolicy
+    from cosmos_robot.policies.groot.tiny import build_tiny_groot
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.folder or Path(tmp)
+        folder = (
+            root / "policy" if (root / "policy" / "config.json").is_file() else build_tiny_groot(root, size=args.size)
+        )
+        graphs = args.device.startswith("cuda")
+        ours32 = Gr00tPolicy.from_pretrained(folder, device=args.device, cuda_graphs=graphs)
+        head = ours32.policy._groot_model.action_head
+        gen = torch.Generator().manual_seed(args.seed + 7)
+        noise = torch.randn((args.batch, head.config.action_horizon, head.action_dim), generator=gen)
+        obs = observations(args.batch, args.seed)
+        reference = lerobot_chunk(ours32, obs, noise, use_bf16=False)
+        rows = {
+            "lerobot fp32": error(reference, reference),
+            "lerobot bf16": error(lerobot_chunk(ours32, obs, noise, use_bf16=True), reference),
+        }
+        ours32.policy.config.use_bf16 = False
+        rows["ours fp32"] = error(ours_chunk(ours32, obs, noise), reference)
+        ours32.policy.config.use_bf16 = True  # read when the served policy (its graphs' autocast) is built
+        autocast = Gr00tPolicy(ours32.policy, ours32.preprocessor, ours32.postprocessor, cuda_graphs=graphs)
+        rows["ours bf16 autocast"] = error(ours_chunk(autocast, obs, noise), reference)
+        del ours32, autocast
+        ours16 = Gr00tPolicy.from_pretrained(folder, device=args.device, dtype="bfloat16", cuda_graphs=graphs)
+        rows["ours bf16 weights"] = error(ours_chunk(ours16, obs, noise), reference)
+    lerobot16 = rows["lerobot bf16"]["mean_abs"]
+    ok = rows["ours fp32"]["max_abs"] <= 1e-4 and rows["ours bf16 autocast"]["mean_abs"] <= lerobot16
+    print(f"GR00T N1.7 {args.size} on {args.device}, batch {args.batch}, mean |action| {np.abs(reference).mean():.3f}")
+    print("| path | mean abs error vs LeRobot fp32 | max abs error | mean error / LeRobot bf16's |")
+    print("|---|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {r['mean_abs']:.2e} | {r['max_abs']:.2e} | {r['mean_abs'] / max(lerobot16, 1e-30):.2f} |")
+    print("ok" if ok else "NOT OK: ours fp32 > 1e-4 from LeRobot fp32, or ours bf16 autocast worse than LeRobot bf16")
+    if args.out:
+        args.out.write_text(json.dumps({"size": args.size, "device": args.device, "rows": rows, "ok": ok}, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
