@@ -62,7 +62,7 @@ def lerobot_bf16(ref32: Any) -> Any:
     return ref16.eval()
 
 
-def our_variants(folder: Path, device: str) -> dict[str, dict[str, Any]]:
+def our_variants(folder: Path, device: str, compile: bool = True) -> dict[str, dict[str, Any]]:
     eager: dict[str, Any] = {"cuda_graphs": False} if device.startswith("cuda") else {}
     variants: dict[str, dict[str, Any]] = {
         "ours fp32": {"dtype": "float32", **eager},
@@ -70,12 +70,8 @@ def our_variants(folder: Path, device: str) -> dict[str, dict[str, Any]]:
         "ours bf16": {"dtype": "bfloat16", "precision": "bf16", **eager},
     }
     if device.startswith("cuda"):
-        variants["ours bf16, graphed + compiled (served)"] = {
-            "dtype": "bfloat16",
-            "precision": "bf16",
-            "compile": True,
-            "attention": "math",
-        }
+        served = {"dtype": "bfloat16", "precision": "bf16", "compile": compile, "attention": "math"}
+        variants["ours bf16, graphed" + (" + compiled (served)" if compile else "")] = served
     return variants
 
 
@@ -91,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--no-compile", action="store_true", help="the graphed CUDA row without torch.compile")
     args = ap.parse_args(argv)
 
     from cosmos_robot.policies.pi05.policy import Pi05Policy
@@ -109,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         ref16 = lerobot_bf16(ref32)
         rows["lerobot bf16"] = error(lerobot_chunk(ref16, pre, post, obs, noise.to(args.device)), reference)
         del ref16
-        for name, options in our_variants(folder, args.device).items():
+        for name, options in our_variants(folder, args.device, not args.no_compile).items():
             ours = Pi05Policy.from_pretrained(folder, device=args.device, **options)
             chunks = np.stack([r["actions"] for r in ours.infer_batch(obs, noise=noise)])
             rows[name] = error(chunks, reference)
