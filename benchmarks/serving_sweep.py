@@ -2,8 +2,8 @@
 
 Why (issue 19): a policy's model call says little about what a control loop gets through the server;
 the tail does. This script serves a checkpoint with ``cosmos-robot serve --ckpt`` in its own process
-(as a user runs it: warm-up, then ``/readyz``), and drives it from this process with N websocket
-clients (our client library, one thread each), every one a closed loop:
+(as a user runs it: warm-up, then ``/readyz``), and drives it with N websocket clients (our client
+library), each in its own process as robots are separate machines, every one a closed loop:
 
 - ``flat``: the next request as soon as the reply is in (throughput, batching under pressure);
 - ``paced``: one request per ``1 / --pace-hz`` seconds, as a robot asks for chunks (a late reply
@@ -29,16 +29,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -155,49 +156,48 @@ def observation(metadata: dict[str, Any], seed: int, prompt: str) -> dict[str, A
     return obs
 
 
-def run_point(port: int, clients: int, mode: str, args: argparse.Namespace, metadata: dict[str, Any]) -> dict[str, Any]:
-    """``clients`` closed loops for ``args.duration`` seconds after ``args.warmup_s``; latencies etc."""
+def client_process(
+    port: int, index: int, metadata: dict[str, Any], prompt: str, period: float, window: tuple[float, float, float]
+) -> list[tuple[float, int, float]]:
+    """One robot: connect, then from ``window[0]`` (wall clock) ask for chunks in a closed loop until
+    ``window[2]``, recording those sent after ``window[1]`` as (latency ms, batch size, model call ms)."""
     from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
 
-    conns = [WebsocketClientPolicy("127.0.0.1", port) for _ in range(clients)]
-    obs = [observation(metadata, i, args.prompt) for i in range(clients)]
-    for c, o in zip(conns, obs):
-        c.infer(o)  # connected and served once before the clock starts
+    conn = WebsocketClientPolicy("127.0.0.1", port)
+    obs = observation(metadata, index, prompt)
+    conn.infer(obs)  # connected and served once before the clock starts
+    start, measure_from, end = window
+    time.sleep(max(0.0, start - time.time()))
+    records: list[tuple[float, int, float]] = []
+    next_at = time.perf_counter()
+    while time.time() < end:
+        if period:
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+            next_at = max(next_at + period, time.perf_counter())
+        sent = time.time()
+        t0 = time.perf_counter()
+        reply = conn.infer(obs)
+        latency_ms = (time.perf_counter() - t0) * 1e3
+        if measure_from <= sent < end:
+            timing = reply.get("server_timing", {})
+            policy_ms = float(reply.get("policy_timing", {}).get("infer_ms", float("nan")))
+            records.append((latency_ms, int(timing.get("batch_size", 1)), policy_ms))
+    conn.close()
+    return records
+
+
+def run_point(port: int, clients: int, mode: str, args: argparse.Namespace, metadata: dict[str, Any]) -> dict[str, Any]:
+    """``clients`` robots, each its own process (as robots are separate machines: one load-generating
+    process would serialise their encoding on its GIL and make late requests of its own), for
+    ``args.duration`` seconds after ``args.warmup_s``."""
     period = 1.0 / args.pace_hz if mode == "paced" else 0.0
-    records: list[list[tuple[float, int, float]]] = [[] for _ in range(clients)]
-    barrier = threading.Barrier(clients + 1)
-    window = [0.0, 0.0]
-
-    def loop(i: int) -> None:
-        barrier.wait()
-        next_at = time.perf_counter()
-        while True:
-            if period:
-                delay = next_at - time.perf_counter()
-                if delay > 0:
-                    time.sleep(delay)
-                next_at = max(next_at + period, time.perf_counter())
-            t0 = time.perf_counter()
-            if t0 >= window[1]:
-                return
-            reply = conns[i].infer(obs[i])
-            t1 = time.perf_counter()
-            if t0 >= window[0]:
-                timing = reply.get("server_timing", {})
-                policy_ms = float(reply.get("policy_timing", {}).get("infer_ms", float("nan")))
-                records[i].append(((t1 - t0) * 1e3, int(timing.get("batch_size", 1)), policy_ms))
-
-    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(clients)]
-    for t in threads:
-        t.start()
-    now = time.perf_counter()
-    window[0], window[1] = now + args.warmup_s, now + args.warmup_s + args.duration
-    barrier.wait()
-    for t in threads:
-        t.join()
-    for c in conns:
-        c.close()
-    return summarize(clients, mode, [r for rs in records for r in rs], args.duration)
+    start = time.time() + args.spawn_s  # every process is connected and waiting by then
+    window = (start, start + args.warmup_s, start + args.warmup_s + args.duration)
+    context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
+    with ProcessPoolExecutor(max_workers=clients, mp_context=context) as pool:
+        futures = [pool.submit(client_process, port, i, metadata, args.prompt, period, window) for i in range(clients)]
+        records = [r for f in futures for r in f.result()]
+    return summarize(clients, mode, records, args.duration)
 
 
 def summarize(clients: int, mode: str, records: list[tuple[float, int, float]], duration: float) -> dict[str, Any]:
@@ -263,6 +263,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--pace-hz", type=float, default=10.0, help="requests per second of a paced client")
     ap.add_argument("--duration", type=float, default=10.0, help="measured seconds per point")
     ap.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured seconds before each point")
+    ap.add_argument("--spawn-s", type=float, default=5.0, help="seconds the client processes get to start")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--warmup", default="auto", help="serve --warmup")
     ap.add_argument(
