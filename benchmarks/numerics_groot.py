@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +31,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from numerics_pi05 import error, verdict
 
 
 @contextlib.contextmanager
@@ -78,11 +81,6 @@ def ours_chunk(policy: Any, obs: list[dict[str, Any]], noise: torch.Tensor) -> n
         return np.stack([r["actions"] for r in policy.infer_batch(obs)])
 
 
-def error(actions: np.ndarray, reference: np.ndarray) -> dict[str, float]:
-    diff = np.abs(actions - reference)
-    return {"mean_abs": float(diff.mean()), "max_abs": float(diff.max())}
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=["tiny", "released"], default="tiny")
@@ -120,17 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         del ours32, autocast
         ours16 = Gr00tPolicy.from_pretrained(folder, device=args.device, dtype="bfloat16", cuda_graphs=graphs)
         rows["ours bf16 weights"] = error(ours_chunk(ours16, obs, noise), reference)
-    lerobot16 = rows["lerobot bf16"]["mean_abs"]
-    ok = rows["ours fp32"]["max_abs"] <= 1e-4 and rows["ours bf16 autocast"]["mean_abs"] <= lerobot16
-    print(f"GR00T N1.7 {args.size} on {args.device}, batch {args.batch}, mean |action| {np.abs(reference).mean():.3f}")
-    print("| path | mean abs error vs LeRobot fp32 | max abs error | mean error / LeRobot bf16's |")
-    print("|---|---:|---:|---:|")
-    for name, r in rows.items():
-        print(f"| {name} | {r['mean_abs']:.2e} | {r['max_abs']:.2e} | {r['mean_abs'] / max(lerobot16, 1e-30):.2f} |")
-    print("ok" if ok else "NOT OK: ours fp32 > 1e-4 from LeRobot fp32, or ours bf16 autocast worse than LeRobot bf16")
-    if args.out:
-        args.out.write_text(json.dumps({"size": args.size, "device": args.device, "rows": rows, "ok": ok}, indent=2))
-    return 0 if ok else 1
+    return verdict(f"GR00T N1.7 {args.size}", args, rows, reference, "ours bf16 autocast")
 
 
 if __name__ == "__main__":
