@@ -63,10 +63,8 @@ def load_ckpt_policy(ckpt: str, device: str, policy_args: dict[str, Any]) -> Any
     ``serve_options`` and every ``-a`` option (which win); a bad folder, option or device is a
     ``ValueError`` naming it."""
     from cosmos_robot.policies import load_policy_folder
-    from cosmos_robot.policies.registry import family_of
 
-    options = {**dict(family_of(ckpt).serve_options), **policy_args}
-    return load_policy_folder(ckpt, device=torch_device(device), **options)
+    return load_policy_folder(ckpt, device=torch_device(device), serving=True, **policy_args)
 
 
 def _ws_hint(value: str) -> str:

@@ -18,7 +18,13 @@ import inspect
 from pathlib import Path
 from typing import Any
 
-from cosmos_robot.policies.registry import CheckpointError, detect_family, load_policy_class, register_family
+from cosmos_robot.policies.registry import (
+    CheckpointError,
+    detect_family,
+    get_family,
+    load_policy_class,
+    register_family,
+)
 
 __all__ = ["CheckpointError", "detect_family", "load_policy_folder", "register_family"]
 
@@ -26,18 +32,23 @@ __all__ = ["CheckpointError", "detect_family", "load_policy_folder", "register_f
 _LOAD_ERRORS = (OSError, RuntimeError, KeyError, TypeError, IndexError, AttributeError, MemoryError, ImportError)
 
 
-def load_policy_folder(ckpt_dir: str | Path, *, allow_download: bool = False, **kwargs: Any) -> Any:
+def load_policy_folder(
+    ckpt_dir: str | Path, *, allow_download: bool = False, serving: bool = False, **kwargs: Any
+) -> Any:
     """Load any supported checkpoint folder as a ``BatchPolicy`` (``infer`` / ``infer_batch``).
 
     ``kwargs`` go to the family's ``from_pretrained`` (``device`` for all; e.g. ``precision`` and
     ``compile`` for pi05); an option the family does not take is a ``CheckpointError`` listing those it does.
     ``allow_download`` goes to the families that may fetch files from the Hugging Face hub (a pi05
     tokenizer, a GR00T base model); the others never download, so it changes nothing for them.
+    ``serving`` (``serve --ckpt``, ``eval --ckpt``) adds the family's ``serve_options`` under ``kwargs``.
     """
     from cosmos_robot.manifest import verify_manifest
 
     verify_manifest(ckpt_dir)  # an exported folder's files must match its manifest.json (none: unverified)
     family = detect_family(ckpt_dir)
+    if serving:
+        kwargs = {**dict(get_family(family).serve_options), **kwargs}
     cls = load_policy_class(family)
     params = inspect.signature(cls.from_pretrained).parameters
     accepted = [name for name in params if name not in ("ckpt_dir", "allow_download")]
