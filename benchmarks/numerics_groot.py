@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from numerics_pi05 import error, verdict
+from parity_pi05 import observations
 
 
 @contextlib.contextmanager
@@ -52,20 +53,6 @@ def fixed_noise(noise: torch.Tensor) -> Iterator[None]:
         yield
     finally:
         torch.randn = real  # type: ignore[assignment]
-
-
-def observations(batch: int, seed: int) -> list[dict[str, Any]]:
-    rng = np.random.default_rng(seed)
-    prompts = ["put the bowl on the plate", "open the top drawer of the cabinet"]
-    return [
-        {
-            "observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-            "observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
-            "observation/state": rng.uniform(-1, 1, 8).astype(np.float32),
-            "prompt": prompts[i % len(prompts)],
-        }
-        for i in range(batch)
-    ]
 
 
 def lerobot_chunk(policy: Any, obs: list[dict[str, Any]], noise: torch.Tensor, use_bf16: bool) -> np.ndarray:
