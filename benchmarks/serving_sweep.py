@@ -18,7 +18,8 @@ images and state, one fixed prompt).
 
     # on the GPU machine, released shapes, random weights:
     python benchmarks/serving_sweep.py --build pi05 --size released --device cuda -a compile=true -a attention=math
-    python benchmarks/serving_sweep.py --build groot --size released --device cuda -a dtype=bfloat16 -a gpu_images=true
+    python benchmarks/serving_sweep.py --build groot --size released --device cuda -a dtype=bfloat16 \
+        -a gpu_images=true --replicas 1 2  # one server per replica count, in turn
     python benchmarks/serving_sweep.py --build cosmos3 --size released --device cuda --clients 1 2 4 --duration 20
     # anywhere (what the script itself is checked with):
     python benchmarks/serving_sweep.py --build pi05 --size tiny --device cpu --clients 1 2 --duration 2
@@ -103,10 +104,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(args: argparse.Namespace, folder: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_server(
+    args: argparse.Namespace, folder: Path, port: int, log: Path, replicas: int = 1
+) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable, "-m", "cosmos_robot.cli", "serve", "--ckpt", str(folder), "--port", str(port),
         "--transport", "ws", "--max-batch", str(args.max_batch), "--device", args.device, "--warmup", args.warmup,
+        "--replicas", str(replicas),
     ]  # fmt: skip
     for item in args.policy_arg:
         cmd += ["-a", item]
@@ -231,18 +235,19 @@ def summarize(clients: int, mode: str, records: list[tuple[float, int, float]], 
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| clients | mode | req/s | p50 ms | p99 ms | max ms | p99/p50 | batch sizes (requests) "
+        "| replicas | clients | mode | req/s | p50 ms | p99 ms | max ms | p99/p50 | batch sizes (requests) "
         "| model call ms (median, by batch) | model call p99 ms | p50 / model call |"
     )
-    lines = [head, "|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+    lines = [head, "|---:|---:|---|---:|---:|---:|---:|---:|---|---|---:|---:|"]
     for r in rows:
         if not r["requests"]:
-            lines.append(f"| {r['clients']} | {r['mode']} | 0 | | | | | | | | |")
+            lines.append(f"| {r.get('replicas', 1)} | {r['clients']} | {r['mode']} | 0 | | | | | | | | |")
             continue
         sizes = ", ".join(f"{k}: {v}" for k, v in r["batch_sizes"].items())
         calls = ", ".join(f"{k}: {v:.1f}" for k, v in r["model_call_ms"].items())
         lines.append(
-            f"| {r['clients']} | {r['mode']} | {r['req_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} "
+            f"| {r.get('replicas', 1)} | {r['clients']} | {r['mode']} | {r['req_per_s']:.1f} "
+            f"| {r['p50_ms']:.1f} | {r['p99_ms']:.1f} "
             f"| {r['max_ms']:.1f} | {r['p99_over_p50']:.2f} | {sizes} | {calls} | {r['model_call_p99_ms']:.1f} "
             f"| {r['p50_over_model_call']:.2f} |"
         )
@@ -265,6 +270,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup-s", type=float, default=2.0, help="unmeasured seconds before each point")
     ap.add_argument("--spawn-s", type=float, default=5.0, help="seconds the client processes get to start")
     ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument(
+        "--replicas", type=int, nargs="+", default=[1], help="serve --replicas; several: one server each, in turn"
+    )
     ap.add_argument("--warmup", default="auto", help="serve --warmup")
     ap.add_argument(
         "--prompt",
@@ -282,25 +290,33 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     folder = args.ckpt or build_folder(args.build, args.size, work, args.device)
     build_s = time.perf_counter() - t0
-    port, log = free_port(), work / "server.log"
-    proc = start_server(args, folder, port, log)
-    try:
-        ready_s = wait_ready(port, proc, args.ready_timeout_s, log)
-        from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
+    rows: list[dict[str, Any]] = []
+    counters: dict[str, dict[str, float]] = {}
+    ready: dict[str, float] = {}
+    meta: dict[str, Any] = {}
+    for replicas in args.replicas:
+        port, log = free_port(), work / f"server_r{replicas}.log"
+        proc = start_server(args, folder, port, log, replicas)
+        try:
+            ready[str(replicas)] = wait_ready(port, proc, args.ready_timeout_s, log)
+            from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
 
-        probe = WebsocketClientPolicy("127.0.0.1", port)
-        meta = probe.get_server_metadata()
-        probe.close()
-        print(f"{folder}: built in {build_s:.0f} s, ready in {ready_s:.0f} s (type {meta.get('type')})", flush=True)
-        rows = []
-        for n in args.clients:
-            for mode in args.modes:
-                rows.append(run_point(port, n, mode, args, meta))
-                print(table(rows[-1:]).splitlines()[-1], flush=True)
-        counters = after_ready(port)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+            probe = WebsocketClientPolicy("127.0.0.1", port)
+            meta = probe.get_server_metadata()
+            probe.close()
+            print(
+                f"{folder}: built in {build_s:.0f} s, {replicas} replica(s) ready in {ready[str(replicas)]:.0f} s "
+                f"(type {meta.get('type')})",
+                flush=True,
+            )
+            for n in args.clients:
+                for mode in args.modes:
+                    rows.append({"replicas": replicas, **run_point(port, n, mode, args, meta)})
+                    print(table(rows[-1:]).splitlines()[-1], flush=True)
+            counters[str(replicas)] = after_ready(port)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
     report = {
         "folder": str(folder),
         "family": meta.get("type"),
@@ -309,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         "pace_hz": args.pace_hz,
         "duration_s": args.duration,
         "build_s": build_s,
-        "ready_s": ready_s,
+        "ready_s": ready,
         "after_ready": counters,
         "rows": rows,
     }

@@ -74,6 +74,11 @@ class GraphCache:
         self.shape_misses = 0  # calls with a signature not cached: a capture on CUDA, counted off it too
         self._seen: OrderedDict[Signature, None] = OrderedDict()  # signatures met with graphs off
 
+    def fresh(self, fn: Callable[..., Tensor] | None = None) -> GraphCache:
+        """An empty cache with the same settings, of ``fn`` (default: the same function): a policy
+        replica's own graphs."""
+        return GraphCache(self.fn if fn is None else fn, self.enabled, self.autocast_dtype, self.max_graphs)
+
     def _autocast(self, device: torch.device) -> Any:
         # no weight-cast cache: a graph must not capture casts made outside it
         return torch.autocast(

@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -153,3 +154,52 @@ def test_groot_text_tokens_give_every_prompt_one_shape(groot_folder: Path) -> No
     assert counts == {0: 3, 128: 1}
     with pytest.raises(ValueError, match="text_tokens must be a non-negative int"):
         Gr00tPolicy.from_pretrained(groot_folder, text_tokens=-1)
+
+
+@pytest.mark.parametrize("family", ["pi05", "groot"])
+def test_replicas_share_weights_give_the_same_chunks_and_meet_no_new_shape(
+    family: str, pi05_folder: Path, groot_folder: Path
+) -> None:
+    """``serve --replicas 2``: the replica shares every weight tensor but owns its graph caches and
+    processors; warm-up covers both, so concurrent clients (each call may land on either replica)
+    meet no new shape, and each client gets the chunk the policy alone gives for its observation.
+    Batches of 1 here: GR00T, as LeRobot, draws a batch's noise as one tensor, so a chunk depends on
+    its row in the batch; the two replicas still run at once (three clients, two workers)."""
+    folder = pi05_folder if family == "pi05" else groot_folder
+    policy = load_ckpt_policy(str(folder), "cpu", {})
+    twin = policy.replica()
+    weights = {id(p) for p in policy.model.parameters()} if family == "pi05" else None
+    if family == "pi05":
+        assert {id(p) for p in twin.model.parameters()} == weights
+    else:
+        assert twin.policy is policy.policy and twin._backbone._plans is not policy._backbone._plans
+    assert not {id(c) for c in twin.graph_caches() if c} & {id(c) for c in policy.graph_caches() if c}
+    assert twin.preprocessor is not policy.preprocessor
+    obs = [libero_obs(i, prompt=["put the bowl on the plate", "open the drawer"][i % 2]) for i in range(6)]
+    alone = [policy.infer(o)["actions"] for o in obs]
+    config = ServerConfig(port=0, transports=("ws",), max_batch_size=1, replicas=2, warmup_batches=(1,))
+    server = PolicyServer(policy, config).start_in_thread(timeout_s=600)
+    got: dict[int, np.ndarray] = {}
+
+    def client(indices: list[int]) -> None:
+        remote = WebsocketClientPolicy("127.0.0.1", server.ports["ws"])
+        try:
+            for _ in range(2):
+                for i in indices:
+                    got[i] = remote.infer(obs[i])["actions"]
+        finally:
+            remote.close()
+
+    try:
+        threads = [threading.Thread(target=client, args=([i, i + 3],)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        counts = after_ready(f"http://127.0.0.1:{server.ports['ws']}/metrics")
+    finally:
+        server.stop()
+    assert sorted(got) == list(range(6))
+    for i in range(6):
+        np.testing.assert_allclose(got[i], alone[i], rtol=1e-5, atol=1e-5)
+    assert counts == {"compiles": 0, "graph_captures": 0, "shape_misses": 0}

@@ -28,6 +28,7 @@ position embedding is being trained must use LeRobot's forward (the RL adapter d
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,13 @@ class FastQwen3Backbone:
         self.max_plans = max_plans
         self._plans: OrderedDict[tuple[Any, ...], BackbonePlan] = OrderedDict()
         self._vision: dict[tuple[Any, ...], tuple[Tensor, Tensor, Tensor]] = {}
+
+    def fork(self) -> FastQwen3Backbone:
+        """The same modules with empty plan and vision-table caches (a policy replica's own: a plan made
+        on one replica's CUDA stream must not be read by another's before it is written)."""
+        twin = copy.copy(self)
+        twin._plans, twin._vision = OrderedDict(), {}
+        return twin
 
     def compile(self, backend: str = "inductor") -> None:
         """``torch.compile`` the batched vision blocks (the text layers are LeRobot's own modules and

@@ -35,6 +35,7 @@ from cosmos_robot.policies.groot.processing import install_caching_processor
 from cosmos_robot.policies.groot.remote_code import check_remote_code
 from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy, check_processor_states
 from cosmos_robot.policies.registry import CheckpointError, read_json, require_files, torch_dtype
+from cosmos_robot.policies.replicas import Replicable
 from cosmos_robot.policies.shape_events import ShapeCounted
 from cosmos_robot_client.base_policy import BatchPolicy
 
@@ -53,7 +54,7 @@ DEFAULT_TEXT_TOKENS = 0
 _LONG_PROMPT_MULTIPLE = 64
 
 
-class Gr00tPolicy(ShapeCounted, LeRobotIOPolicy, BatchPolicy):
+class Gr00tPolicy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
     """Serve a GR00T N1.7 folder: ``infer_batch(list of obs) -> [{"actions": float32 (H, D)}]``."""
 
     def __init__(
@@ -188,12 +189,22 @@ class Gr00tPolicy(ShapeCounted, LeRobotIOPolicy, BatchPolicy):
     def graph_caches(self) -> list[GraphCache | None]:
         return [self._chunk, self._loop]
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.policy.parameters()).device
+
+    def renew_graph_caches(self) -> None:
+        head = self.policy._groot_model.action_head
+        if self._backbone is not None and self._chunk is not None:
+            self._backbone = self._backbone.fork()
+            self._chunk = self._chunk.fresh(partial(chunk_from_inputs, self._backbone, head))
+        self._loop = self._loop.fresh()
+
     def infer_batch(self, obs_batch: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if not obs_batch:
             return []
         batch = self.io.batch(obs_batch)
-        with torch.inference_mode(), torch.random.fork_rng(devices=_devices(self.policy)):
-            torch.manual_seed(self.serve_seed)
+        with torch.inference_mode():
             processed = self.preprocessor(batch)
             chunk = self._predict(processed)
             actions = self.postprocessor(chunk)
@@ -224,10 +235,13 @@ class Gr00tPolicy(ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         return actions[:, :, : self.action_dim]
 
     def _noise(self, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        # GR00T's own draw: nothing before it consumes the seeded stream, so drawing it before the
-        # backbone gives the values LeRobot draws after it
+        # GR00T's own draw, from a generator seeded like ``torch.manual_seed(serve_seed)`` seeds the
+        # device's default one (the same values LeRobot draws after seeding: nothing before its draw
+        # consumes the stream) but private to this call, so replicas serving at once cannot interleave
         head = self.policy._groot_model.action_head
-        return torch.randn(size=(batch, head.config.action_horizon, head.action_dim), dtype=dtype, device=device)
+        gen = torch.Generator(device=device).manual_seed(self.serve_seed)
+        shape = (batch, head.config.action_horizon, head.action_dim)
+        return torch.randn(size=shape, dtype=dtype, device=device, generator=gen)
 
     def _predict_fast(self, backbone_inputs: Any, action_inputs: Any) -> torch.Tensor:
         assert self._backbone is not None and self._chunk is not None
@@ -318,8 +332,3 @@ def _pad_samples(t: torch.Tensor, n: int, size: int) -> torch.Tensor:
         raise ValueError(f"{t.shape[0]} rows do not split into {n} equal samples")  # the stepwise path serves it
     grouped = t.reshape(n, -1, *t.shape[1:])
     return pad_rows(grouped, size).reshape(-1, *t.shape[1:])
-
-
-def _devices(policy: Any) -> list[int]:
-    dev = next(policy.parameters()).device
-    return [dev.index or 0] if dev.type == "cuda" else []

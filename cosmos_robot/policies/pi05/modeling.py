@@ -23,6 +23,7 @@ outputs against LeRobot's implementation on the same weights.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
@@ -677,6 +678,12 @@ class GraphedGenerate:
     @property
     def graphs(self) -> Any:
         return self.cache.graphs
+
+    def fresh(self) -> GraphedGenerate:
+        """The same model (compiled already) with graphs of its own: a policy replica's."""
+        twin = copy.copy(self)
+        twin.cache = self.cache.fresh(twin._generate)
+        return twin
 
     def __call__(
         self, images: list[Tensor], image_masks: list[Tensor], tokens: Tensor, token_mask: Tensor, noise: Tensor

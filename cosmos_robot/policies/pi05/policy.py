@@ -54,6 +54,7 @@ from cosmos_robot.policies.pi05.modeling import (
     PrefixCache,
 )
 from cosmos_robot.policies.registry import CheckpointError, torch_dtype
+from cosmos_robot.policies.replicas import Replicable
 from cosmos_robot.policies.shape_events import ShapeCounted
 from cosmos_robot_client.base_policy import BatchPolicy
 
@@ -143,7 +144,7 @@ def resolve_attention(name: str | None, compiled: bool) -> str | None:
     return name
 
 
-class Pi05Policy(ShapeCounted, LeRobotIOPolicy, BatchPolicy):
+class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
     """Serve a pi0.5 checkpoint: ``infer_batch(list of obs) -> [{"actions": float32 (H, D)}]``."""
 
     def __init__(
@@ -352,6 +353,10 @@ class Pi05Policy(ShapeCounted, LeRobotIOPolicy, BatchPolicy):
 
     def graph_caches(self) -> list[GraphCache | None]:
         return [self.graphed.cache] if self.graphed is not None else []
+
+    def renew_graph_caches(self) -> None:
+        if self.graphed is not None:
+            self.graphed = self.graphed.fresh()
 
     def generate(self, inputs: Pi05Inputs, noise: torch.Tensor) -> torch.Tensor:
         """Model-space chunks for prepared inputs: the captured graph on CUDA, else eager."""

@@ -39,6 +39,16 @@ carries a ``SessionSlot``; the state is made by ``new_session()`` on the policy 
 and passed as ``infer(obs, session=state)`` / ``infer_batch(obs_batch, sessions=[...])``. The core
 decides which slot a request uses (see ``core.py``).
 
+*Replicas* (``replicas=N``, ``serve --replicas N``): a policy that offers ``replica()`` (a copy that
+shares its weights but owns its per-call state: CUDA graphs, a CUDA stream, tokenizer) is served by
+N workers, each one replica on its own thread. Why: with one worker a request that arrives while a
+batch runs waits for that whole call and then its own, so at a robot's pace (arrivals not in
+lockstep) p99 approaches twice p50 (measured on an H200: docs/benchmarks.md). With a second worker
+it starts at once, beside the running batch. A client with a request running is not taken again
+until it finishes (its replies stay in order, and a session's state is never used by two calls at
+once), and peers that are running are not waited for. ``bind_thread()``, if the replica has it, runs
+first on its worker thread (the torch families make their CUDA stream current there).
+
 If a batched call raises, the group is retried one by one so only the offending request fails
 and the others are still answered. Every reply is checked for NaN/inf in its numeric values before
 it leaves (``NonFiniteOutput``): a robot must never be sent a NaN action.
@@ -70,6 +80,7 @@ __all__ = [
     "ServerBusy",
     "SessionSlot",
     "Timing",
+    "make_replicas",
     "nonfinite_problem",
     "payload_nbytes",
     "structure_signature",
@@ -136,6 +147,34 @@ class _Item:
         return self._signature
 
 
+class _Worker:
+    """One policy replica and the single thread that calls it."""
+
+    def __init__(self, policy: BasePolicy, index: int) -> None:
+        self.policy = policy
+        self.index = index
+        bind = getattr(policy, "bind_thread", None)
+        self.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"policy{index}", initializer=bind if callable(bind) else None
+        )
+        self.busy = False
+
+
+def make_replicas(policy: BasePolicy, replicas: int) -> list[BasePolicy]:
+    """``policy`` and ``replicas - 1`` copies from its ``replica()`` (a clear error if it has none)."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
+    if replicas == 1:
+        return [policy]
+    make = getattr(policy, "replica", None)
+    if not callable(make):
+        raise ValueError(
+            f"replicas={replicas}: {type(policy).__name__} offers no replica() (a copy sharing its weights "
+            "that can run beside it), so it is served by one worker; use replicas=1"
+        )
+    return [policy, *(make() for _ in range(replicas - 1))]
+
+
 class DynamicBatcher:
     """Groups concurrent requests into batched policy calls on one worker thread."""
 
@@ -147,6 +186,7 @@ class DynamicBatcher:
         max_wait_ms: float = 10.0,
         metrics: Metrics | None = None,
         limits: Limits | None = None,
+        replicas: int = 1,
     ) -> None:
         self.policy = policy
         self.max_batch_size = max_batch_size
@@ -158,9 +198,12 @@ class DynamicBatcher:
         self.session_aware = callable(getattr(policy, "new_session", None))
         self.inline = bool(getattr(policy, "cheap_inference", False))
         self._loop_thread: int | None = None
-        self._busy = False
         self._free_since = 0.0  # when the last policy call ended
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
+        self.workers = [_Worker(p, i) for i, p in enumerate(make_replicas(policy, replicas))]
+        self._executor = self.workers[0].executor  # the primary policy's thread (reset, warm-up, inline)
+        self._running: dict[str, int] = {}  # client -> its requests in a call now (never taken twice at once)
+        self._worker_free: asyncio.Event | None = None
+        self._calls: set[asyncio.Task[None]] = set()
         self._waiting: OrderedDict[str, deque[_Item]] = OrderedDict()  # per-client FIFOs, round-robin order
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
@@ -168,8 +211,18 @@ class DynamicBatcher:
         self.on_call: Callable[[int], None] | None = None  # after each policy call, with its batch size
 
     # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def policies(self) -> list[BasePolicy]:
+        """The policy and its replicas, one per worker."""
+        return [w.policy for w in self.workers]
+
+    @property
+    def _busy(self) -> bool:
+        return any(w.busy for w in self.workers)
+
     def start(self) -> None:
         self._arrived = asyncio.Event()
+        self._worker_free = asyncio.Event()
         self._loop_thread = threading.get_ident()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
 
@@ -180,7 +233,10 @@ class DynamicBatcher:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for task in list(self._calls):
+            task.cancel()
+        for worker in self.workers:
+            worker.executor.shutdown(wait=False, cancel_futures=True)
 
     # -- requests --------------------------------------------------------------------------
     async def submit(
@@ -241,8 +297,14 @@ class DynamicBatcher:
             state.last_reply = time.perf_counter()
 
     async def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the policy thread, serialised with inference (used for ``reset``)."""
+        """Run ``fn`` on the primary policy's thread, serialised with its inference."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    async def call_each(self, fn: Callable[[BasePolicy], Any]) -> list[Any]:
+        """Run ``fn(replica)`` for every replica on its own worker thread, one after another (warm-up:
+        a capture must not overlap another replica's call; ``reset``)."""
+        loop = asyncio.get_running_loop()
+        return [await loop.run_in_executor(w.executor, fn, w.policy) for w in self.workers]
 
     def forget(self, client_id: str) -> int:
         """A connection closed: drop its queued requests (never run) and stop expecting it in batches.
@@ -302,7 +364,7 @@ class DynamicBatcher:
         stale = [cid for cid, st in self._clients.items() if now - st.last_seen > _ACTIVE_WINDOW_S]
         for cid in stale:
             del self._clients[cid]
-        members = {it.client_id for it in batch}
+        members = {it.client_id for it in batch} | self._running.keys()  # running peers cannot join
         return sum(
             1
             for cid, st in self._clients.items()
@@ -310,9 +372,13 @@ class DynamicBatcher:
         )
 
     def _pop(self) -> _Item | None:
-        """The next live request, one client at a time in turn (round-robin over the client FIFOs)."""
-        while self._waiting:
-            client_id, fifo = next(iter(self._waiting.items()))
+        """The next live request, one client at a time in turn (round-robin over the client FIFOs),
+        skipping clients with a request in a call now (only possible with replicas)."""
+        while True:
+            client_id = next((c for c in self._waiting if c not in self._running), None)
+            if client_id is None:
+                return None
+            fifo = self._waiting[client_id]
             item = fifo.popleft()
             if fifo:
                 self._waiting.move_to_end(client_id)
@@ -320,7 +386,6 @@ class DynamicBatcher:
                 del self._waiting[client_id]
             if not item.future.done():  # cancelled: its client left or its request timed out
                 return item
-        return None
 
     async def _wait_arrival(self, timeout: float | None) -> bool:
         assert self._arrived is not None
@@ -356,23 +421,52 @@ class DynamicBatcher:
                 break
         return batch
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def _free_worker(self) -> _Worker:
+        assert self._worker_free is not None
         while True:
+            worker = next((w for w in self.workers if not w.busy), None)
+            if worker is not None:
+                return worker
+            self._worker_free.clear()
+            await self._worker_free.wait()
+
+    async def _run(self) -> None:
+        while True:
+            worker = await self._free_worker()
             batch = await self._collect()
+            worker.busy = True
+            for it in batch:
+                self._running[it.client_id] = self._running.get(it.client_id, 0) + 1
+            if len(self.workers) == 1:  # one worker: nothing to collect until it is done
+                await self._serve(worker, batch)
+            else:
+                task = asyncio.get_running_loop().create_task(self._serve(worker, batch))
+                self._calls.add(task)
+                task.add_done_callback(self._calls.discard)
+
+    async def _serve(self, worker: _Worker, batch: list[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
             for group in _group(batch).values():
                 live = [it for it in group if not it.future.done()]  # skip requests whose client left
                 if not live:
                     continue
-                self._busy = True
-                try:
-                    if self.inline:
-                        self._execute_inline(live)
-                    else:
-                        await loop.run_in_executor(self._executor, self._execute, loop, live)
-                finally:
-                    self._busy = False
-                    self._free_since = time.perf_counter()
+                if self.inline:
+                    self._execute_inline(live)
+                else:
+                    await loop.run_in_executor(worker.executor, self._execute, loop, live, worker.policy)
+        finally:
+            for it in batch:
+                left = self._running[it.client_id] - 1
+                if left:
+                    self._running[it.client_id] = left
+                else:
+                    del self._running[it.client_id]
+            worker.busy = False
+            self._free_since = time.perf_counter()
+            assert self._worker_free is not None and self._arrived is not None
+            self._worker_free.set()
+            self._arrived.set()  # a client that was running may have requests waiting
 
     def _execute_inline(self, group: list[_Item]) -> None:
         t0 = time.perf_counter()
@@ -388,14 +482,15 @@ class DynamicBatcher:
             )
 
     # -- worker thread ---------------------------------------------------------------------
-    def _execute(self, loop: asyncio.AbstractEventLoop, group: list[_Item]) -> None:
+    def _execute(self, loop: asyncio.AbstractEventLoop, group: list[_Item], policy: BasePolicy | None = None) -> None:
+        policy = self.policy if policy is None else policy
         group = [it for it in group if not it.future.done()]  # cancelled while waiting for this thread
         if not group:
             return
         t0 = time.perf_counter()
         if self.batched and len(group) > 1:
             try:
-                results = self._call_batch(group)
+                results = self._call_batch(policy, group)
                 if not isinstance(results, (list, tuple)) or len(results) != len(group):
                     raise PolicyError(
                         f"infer_batch returned {type(results).__name__} of length "
@@ -411,7 +506,7 @@ class DynamicBatcher:
         for it in group:
             t1 = time.perf_counter()
             try:
-                res = self._call_batch([it])[0] if self.batched else self._call_one(it)
+                res = self._call_batch(policy, [it])[0] if self.batched else self._call_one(policy, it)
                 err = None
             except Exception as exc:  # noqa: BLE001 - reported to that client only
                 res, err = None, exc
@@ -419,26 +514,27 @@ class DynamicBatcher:
             self._record_call(1, infer_ms)
             self._resolve(loop, it, res, err, t1, infer_ms, 1)
 
-    def _session_state(self, item: _Item) -> Any:
+    @staticmethod
+    def _session_state(policy: BasePolicy, item: _Item) -> Any:
         if item.session is None:  # no slot from the core (direct use, warm-up): a scratch session
             item.session = SessionSlot()
         slot = item.session
         if not slot.made:
-            slot.state = self.policy.new_session()  # type: ignore[attr-defined]
+            slot.state = policy.new_session()  # type: ignore[attr-defined]
             slot.made = True
         return slot.state
 
-    def _call_batch(self, group: list[_Item]) -> Any:
+    def _call_batch(self, policy: BasePolicy, group: list[_Item]) -> Any:
         obs_batch = [it.obs for it in group]
         if self.session_aware:
-            sessions = [self._session_state(it) for it in group]
-            return self.policy.infer_batch(obs_batch, sessions=sessions)  # type: ignore[attr-defined]
-        return self.policy.infer_batch(obs_batch)  # type: ignore[attr-defined]
+            sessions = [self._session_state(policy, it) for it in group]
+            return policy.infer_batch(obs_batch, sessions=sessions)  # type: ignore[attr-defined]
+        return policy.infer_batch(obs_batch)  # type: ignore[attr-defined]
 
-    def _call_one(self, item: _Item) -> Any:
+    def _call_one(self, policy: BasePolicy, item: _Item) -> Any:
         if self.session_aware:
-            return self.policy.infer(item.obs, session=self._session_state(item))  # type: ignore[call-arg]
-        return self.policy.infer(item.obs)
+            return policy.infer(item.obs, session=self._session_state(policy, item))  # type: ignore[call-arg]
+        return policy.infer(item.obs)
 
     def _record_call(self, size: int, infer_ms: float) -> None:
         self.metrics.observe("cosmos_robot_batch_size", size)

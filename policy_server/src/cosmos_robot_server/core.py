@@ -41,9 +41,11 @@ import asyncio
 import hmac
 import logging
 import sys
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from functools import partial
 from typing import Any, NamedTuple, TypeVar
 
 from cosmos_robot_client.base_policy import BasePolicy, supports_batch
@@ -101,30 +103,45 @@ class ShapeWatch:
     ``graph_captures``, ``shape_misses``; see ``cosmos_robot.policies.shape_events``) is read after
     every policy call once the server is ready (on the policy thread, a few microseconds); any
     increase is counted as ``cosmos_robot_after_ready_total{kind=...}`` and logged with the batch size
-    that caused it, so a benchmark or an operator sees that warm-up missed a shape."""
+    that caused it, so a benchmark or an operator sees that warm-up missed a shape.
 
-    def __init__(self, policy: Any, metrics: Metrics) -> None:
-        read = getattr(policy, "runtime_counters", None)
-        self._read: Callable[[], Mapping[str, int]] | None = read if callable(read) else None
+    With replicas the counters are summed over them, except ``compiles``, which every replica reports
+    for the whole process (Dynamo counts per process) and is taken once. Calls end on several threads
+    then, so reading and comparing is done under a lock."""
+
+    def __init__(self, policies: Sequence[Any], metrics: Metrics) -> None:
+        reads = [getattr(p, "runtime_counters", None) for p in policies]
+        self._reads: list[Callable[[], Mapping[str, int]]] = [r for r in reads if callable(r)]
         self._metrics = metrics
         self._last: dict[str, int] | None = None
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
-        return self._read is not None
+        return bool(self._reads)
+
+    def _read(self) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for read in self._reads:
+            for kind, value in read().items():
+                total[kind] = max(total.get(kind, 0), value) if kind == "compiles" else total.get(kind, 0) + value
+        return total
 
     def arm(self) -> None:
-        if self._read is not None:
-            self._last = dict(self._read())
+        if self._reads:
+            with self._lock:
+                self._last = self._read()
             for kind in self._last:
                 self._metrics.inc("cosmos_robot_after_ready_total", 0, kind=kind)  # present at 0
 
     def after_call(self, batch_size: int) -> None:
-        if self._read is None or self._last is None:
+        if not self._reads or self._last is None:
             return
-        now = dict(self._read())
+        with self._lock:
+            now, last = self._read(), self._last
+            self._last = now
         for kind, value in now.items():
-            grew = value - self._last.get(kind, 0)
+            grew = value - last.get(kind, 0)
             if grew > 0:
                 self._metrics.inc("cosmos_robot_after_ready_total", grew, kind=kind)
                 _log.warning(
@@ -214,6 +231,7 @@ class ServingCore:
             policy,
             max_batch_size=config.max_batch_size,
             max_wait_ms=config.max_wait_ms,
+            replicas=config.replicas,
             metrics=self.metrics,
             limits=Limits(
                 max_inflight_per_client=config.max_inflight_per_client,
@@ -223,7 +241,7 @@ class ServingCore:
             ),
         )
         self.sessions = _Sessions(config.max_sessions) if self.batcher.session_aware else None
-        self.shape_watch = ShapeWatch(policy, self.metrics)
+        self.shape_watch = ShapeWatch(self.batcher.policies, self.metrics)
         if self.shape_watch.enabled:
             self.batcher.on_call = self.shape_watch.after_call
         self.ready = False
@@ -254,8 +272,9 @@ class ServingCore:
 
     async def warm_up(self, batch_sizes: Sequence[int]) -> dict[int, float]:
         """Run the policy once per batch size on its example observation, on the thread that serves
-        it; returns seconds per size. A policy that cannot make an example, or fails on it, is an
-        error (better than serving one that fails on the first robot)."""
+        it (every replica, on its own thread: each captures its own graphs); returns seconds per size
+        (all replicas together). A policy that cannot make an example, or fails on it, is an error
+        (better than serving one that fails on the first robot)."""
         make_example = getattr(self.policy, "example_observation", None)
         example = make_example() if callable(make_example) else None
         if example is None:
@@ -265,25 +284,24 @@ class ServingCore:
             )
         seconds: dict[int, float] = {}
         for n in sorted(set(batch_sizes)):
-            fn = self._warm_call([dict(example) for _ in range(n)])
+            batch = [dict(example) for _ in range(n)]
             t0 = time.perf_counter()
             try:
-                await self.batcher.call(fn)
+                await self.batcher.call_each(partial(self._warm_call, batch=batch))
             except Exception as exc:
                 raise RuntimeError(f"warm-up with a batch of {n} failed: {type(exc).__name__}: {exc}") from exc
             seconds[n] = time.perf_counter() - t0
         return seconds
 
-    def _warm_call(self, batch: list[dict[str, Any]]) -> Any:
+    def _warm_call(self, policy: Any, *, batch: list[dict[str, Any]]) -> Any:
         """One warm-up call; a session-aware policy gets scratch sessions, never a client's."""
-        policy: Any = self.policy
         if self.batcher.session_aware:
             if supports_batch(policy):
-                return lambda: policy.infer_batch(batch, sessions=[policy.new_session() for _ in batch])
-            return lambda: [policy.infer(o, session=policy.new_session()) for o in batch]
+                return policy.infer_batch(batch, sessions=[policy.new_session() for _ in batch])
+            return [policy.infer(o, session=policy.new_session()) for o in batch]
         if supports_batch(policy):
-            return lambda: policy.infer_batch(batch)
-        return lambda: [policy.infer(o) for o in batch]
+            return policy.infer_batch(batch)
+        return [policy.infer(o) for o in batch]
 
     # -- facts -----------------------------------------------------------------------------
     @property
@@ -453,7 +471,7 @@ class ServingCore:
             name = _session_name(session)
             self.sessions.reset(client_id, name, every=name is None)
             return
-        await self.batcher.call(self.policy.reset)
+        await self.batcher.call_each(lambda policy: policy.reset())
 
     def reserve(self, client_id: str, nbytes: int, *, transport: str) -> Callable[[], None]:
         """Admit a not yet decoded message of ``nbytes`` as one request; returns its release."""
