@@ -114,6 +114,29 @@ def image_tensor(value: Any, key: str, index: int) -> torch.Tensor:
     return t.contiguous()
 
 
+def stack_images(values: Sequence[Any], key: str, device: torch.device | str | None = None) -> torch.Tensor:
+    """One camera's images of a batch -> (B, 3, H, W) float32 in [0, 1], on ``device`` (default: CPU).
+
+    The served case, HxWx3 uint8 images of one shape, is stacked as uint8 and converted in one
+    operation where it will be used: on a GPU the host sends a quarter of the bytes (from pinned
+    memory, asynchronously) and does no per-pixel work; the values are those of :func:`image_tensor`
+    bit for bit (x / 255 in float32 either way). Anything else goes image by image through
+    :func:`image_tensor`, which names the observation and problem of a bad one."""
+    arrays = [np.asarray(v) for v in values]
+    first = arrays[0] if arrays else None
+    fast = first is not None and first.ndim == 3 and first.shape[-1] == 3 and first.shape[0] != 3
+    if fast and all(a.dtype == np.uint8 and a.shape == first.shape for a in arrays):  # type: ignore[union-attr]
+        raw = torch.from_numpy(np.stack(arrays))
+        dev = torch.device(device) if device is not None else raw.device
+        if dev.type == "cuda":
+            raw = raw.pin_memory().to(dev, non_blocking=True)
+        # a divisor on the device: CUDA divides by a CPU scalar as a multiply by its reciprocal (1 ulp off)
+        scale = torch.full((), 255.0, dtype=torch.float32, device=raw.device)
+        return (raw.permute(0, 3, 1, 2).to(torch.float32) / scale).contiguous()
+    out = torch.stack([image_tensor(v, key, i) for i, v in enumerate(arrays)])
+    return out if device is None else out.to(device)
+
+
 class LeRobotIO:
     """Accepted names, validation and batching for a checkpoint's ``input_features``."""
 
@@ -213,12 +236,13 @@ class LeRobotIO:
         gripper = np.asarray(obs[GRIPPER_KEY], np.float32).reshape(-1)
         return np.concatenate([joints, gripper])
 
-    def batch(self, obs_batch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        """LeRobot's raw batch: cameras (B, 3, H, W) float in [0, 1], state (B, D) float32, task list."""
+    def batch(self, obs_batch: Sequence[Mapping[str, Any]], image_device: Any = None) -> dict[str, Any]:
+        """LeRobot's raw batch: cameras (B, 3, H, W) float in [0, 1] (on ``image_device``, default the
+        CPU: see :func:`stack_images`), state (B, D) float32, task list."""
         items = [self.canonical(obs, i) for i, obs in enumerate(obs_batch)]
         batch: dict[str, Any] = {TASK_KEY: [str(item[TASK_KEY]) for item in items]}
         for key in self.camera_keys:
-            batch[key] = torch.stack([image_tensor(item[key], key, i) for i, item in enumerate(items)])
+            batch[key] = stack_images([item[key] for item in items], key, image_device)
         if self.state_dim:
             batch[STATE_KEY] = torch.from_numpy(np.stack([np.asarray(it[STATE_KEY], np.float32) for it in items]))
         return batch

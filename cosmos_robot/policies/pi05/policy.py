@@ -327,7 +327,11 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
     # --- the request path --------------------------------------------------------------------------
     def prepare(self, obs_batch: Sequence[Mapping[str, Any]]) -> Pi05Inputs:
         """Validate, rename, run LeRobot's preprocessor and build model inputs for a batch."""
-        processed = self.preprocessor(self.io.batch(obs_batch))
+        # cameras go to the device as uint8 and become floats there when LeRobot's preprocessor passes
+        # them through (identity normalisation, pi05's default; its device step then finds them in place)
+        visual = self.lerobot_config.normalization_mapping.get("VISUAL")
+        on_device = str(getattr(visual, "value", visual)) == "IDENTITY"
+        processed = self.preprocessor(self.io.batch(obs_batch, image_device=self.device if on_device else None))
         size = self.arch.vision.image_size
         dtype = self.model.action_in_proj.weight.dtype
         images, masks = [], []
