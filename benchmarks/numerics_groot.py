@@ -63,6 +63,16 @@ def lerobot_chunk(policy: Any, obs: list[dict[str, Any]], noise: torch.Tensor, u
     return np.asarray(out.float().cpu().numpy())
 
 
+def float32_floor(
+    policy: Any, obs: list[dict[str, Any]], noise: torch.Tensor, reference: np.ndarray
+) -> dict[str, float]:
+    """LeRobot's float32 chunk of each sample alone against the batched one: the same arithmetic with
+    other matrix shapes, hence other kernels and summation orders. On random weights this float32 floor
+    is what any second implementation can be expected to match, not zero."""
+    alone = [lerobot_chunk(policy, [o], noise[i : i + 1], use_bf16=False)[0] for i, o in enumerate(obs)]
+    return error(np.stack(alone), reference)
+
+
 def ours_chunk(policy: Any, obs: list[dict[str, Any]], noise: torch.Tensor) -> np.ndarray:
     with fixed_noise(noise):
         return np.stack([r["actions"] for r in policy.infer_batch(obs)])
@@ -87,7 +97,12 @@ def main(argv: list[str] | None = None) -> int:
             root / "policy" if (root / "policy" / "config.json").is_file() else build_tiny_groot(root, size=args.size)
         )
         graphs = args.device.startswith("cuda")
-        ours32 = Gr00tPolicy.from_pretrained(folder, device=args.device, cuda_graphs=graphs)
+        loaded = Gr00tPolicy.from_pretrained(folder, device=args.device, cuda_graphs=graphs)
+        # the served policy reads use_bf16 when it is built (its graphs' autocast), so each precision
+        # gets a policy built after setting it (the released config says use_bf16=True)
+        loaded.policy.config.use_bf16 = False
+        ours32 = Gr00tPolicy(loaded.policy, loaded.preprocessor, loaded.postprocessor, cuda_graphs=graphs)
+        del loaded
         head = ours32.policy._groot_model.action_head
         gen = torch.Generator().manual_seed(args.seed + 7)
         noise = torch.randn((args.batch, head.config.action_horizon, head.action_dim), generator=gen)
@@ -99,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         ours32.policy.config.use_bf16 = False
         rows["ours fp32"] = error(ours_chunk(ours32, obs, noise), reference)
+        rows["lerobot fp32, one sample at a time"] = float32_floor(ours32, obs, noise, reference)
         ours32.policy.config.use_bf16 = True  # read when the served policy (its graphs' autocast) is built
         autocast = Gr00tPolicy(ours32.policy, ours32.preprocessor, ours32.postprocessor, cuda_graphs=graphs)
         rows["ours bf16 autocast"] = error(ours_chunk(autocast, obs, noise), reference)

@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         noise = torch.randn((args.batch, ref32.config.chunk_size, ref32.config.max_action_dim), generator=gen)
         reference = lerobot_chunk(ref32, pre, post, obs, noise.to(args.device))
         rows["lerobot fp32"] = error(reference, reference)
+        # the float32 floor: LeRobot's own chunk of each sample alone (other matrix shapes, so other
+        # kernels and summation orders); on random weights no second implementation can beat it by much
+        alone = [lerobot_chunk(ref32, pre, post, [o], noise[i : i + 1].to(args.device)) for i, o in enumerate(obs)]
+        rows["lerobot fp32, one sample at a time"] = error(np.concatenate(alone), reference)
         ref16 = lerobot_bf16(ref32)
         rows["lerobot bf16"] = error(lerobot_chunk(ref16, pre, post, obs, noise.to(args.device)), reference)
         del ref16

@@ -46,8 +46,8 @@ batch runs waits for that whole call and then its own, so at a robot's pace (arr
 lockstep) p99 approaches twice p50 (measured on an H200: docs/benchmarks.md). With a second worker
 it starts at once, beside the running batch. A client with a request running is not taken again
 until it finishes (its replies stay in order, and a session's state is never used by two calls at
-once), and peers that are running are not waited for. ``bind_thread()``, if the replica has it, runs
-first on its worker thread (the torch families make their CUDA stream current there).
+once), and peers that are running are not waited for. With replicas, ``bind_thread()``, if the
+policy has it, runs first on each worker thread (the torch families make their CUDA stream current).
 
 If a batched call raises, the group is retried one by one so only the offending request fails
 and the others are still answered. Every reply is checked for NaN/inf in its numeric values before
@@ -150,10 +150,10 @@ class _Item:
 class _Worker:
     """One policy replica and the single thread that calls it."""
 
-    def __init__(self, policy: BasePolicy, index: int) -> None:
+    def __init__(self, policy: BasePolicy, index: int, bind_thread: bool) -> None:
         self.policy = policy
         self.index = index
-        bind = getattr(policy, "bind_thread", None)
+        bind = getattr(policy, "bind_thread", None) if bind_thread else None
         self.executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"policy{index}", initializer=bind if callable(bind) else None
         )
@@ -199,7 +199,9 @@ class DynamicBatcher:
         self.inline = bool(getattr(policy, "cheap_inference", False))
         self._loop_thread: int | None = None
         self._free_since = 0.0  # when the last policy call ended
-        self.workers = [_Worker(p, i) for i, p in enumerate(make_replicas(policy, replicas))]
+        copies = make_replicas(policy, replicas)
+        # one worker keeps the policy as it is (the default CUDA stream); replicas each bind their own
+        self.workers = [_Worker(p, i, bind_thread=len(copies) > 1) for i, p in enumerate(copies)]
         self._executor = self.workers[0].executor  # the primary policy's thread (reset, warm-up, inline)
         self._running: dict[str, int] = {}  # client -> its requests in a call now (never taken twice at once)
         self._worker_free: asyncio.Event | None = None
