@@ -352,3 +352,33 @@ def test_answered_requests_leave_the_inflight_count_at_once() -> None:
         assert b.inflight("solo") == (0, 0)
 
     asyncio.run(_with_batcher(policy, go, limits=Limits(max_inflight_per_client=2)))
+
+
+def test_window_scales_with_the_call_so_a_late_lockstep_peer_still_joins() -> None:
+    """Four lockstep clients, one of which comes back 30 ms after its reply (the last of 16 replies
+    and requests crossing a busy event loop), with 10 ms max_wait and a 200 ms call: waiting a quarter
+    of the call (50 ms) takes it into the batches once the call and its think time are measured; a fixed
+    10 ms window leaves it behind, alone or a whole call late, in more rounds."""
+
+    def sizes(fraction: float) -> list[int]:
+        policy = ConstantBatchPolicy(4, 2, delay_ms=200)
+
+        async def go(b: DynamicBatcher) -> None:
+            async def client(i: int) -> None:
+                for _ in range(6):
+                    await asyncio.sleep(0.03 if i == 3 else 0.001)
+                    await b.submit(obs(), f"env{i}")
+
+            await asyncio.gather(*(client(i) for i in range(4)))
+
+        asyncio.run(_with_batcher(policy, go, max_wait_ms=10, wait_call_fraction=fraction))
+        return policy.batch_sizes
+
+    scaled, fixed = sizes(0.25), sizes(0.0)
+    assert scaled.count(4) >= 4, scaled  # once the batcher has timed a call and the straggler's think time
+    assert fixed.count(4) < scaled.count(4) and len(fixed) > len(scaled), (fixed, scaled)
+
+
+def test_wait_call_fraction_is_checked() -> None:
+    with pytest.raises(ValueError, match=r"wait_call_fraction must be in \[0, 1\], got 2"):
+        DynamicBatcher(ConstantBatchPolicy(4, 2), wait_call_fraction=2)

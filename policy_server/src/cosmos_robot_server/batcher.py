@@ -5,14 +5,19 @@ environments at once. openpi's server calls the model once per request inside it
 16 clients wait in line (openpi #399).
 
 How: each client's requests wait in its own FIFO queue. A single consumer takes the first request
-and waits for more until the batch is full, ``max_wait_ms`` has passed, or every client expected
+and waits for more until the batch is full, the batching window has passed, or every client expected
 to join is already in the batch. A client is expected when it is *prompt*: its think time (from
-our reply to its next request, smoothed) is below ``max_wait_ms``, as for simulators stepped in
-lockstep. So a lone client never waits (its latency stays the single-request cost), robots that
-think for tens of milliseconds between requests are not waited for, and lockstep evaluators fill
-batches. The batch is split into groups of identical structure (keys, shapes, dtypes) so a policy
-can stack them, and each group runs in ONE worker thread: the event loop stays free to answer
-pings and other connections, and the model is never entered from two threads at once.
+our reply to its next request, smoothed) is within the window, as for simulators stepped in
+lockstep. The window is ``max_wait_ms``, or ``wait_call_fraction`` of the typical policy call when
+that is longer: a peer that misses a batch waits a whole call for the next one, so for a 90 ms GPU
+call it is worth waiting ~20 ms for it, while with 16 clients the replies and the next requests of
+the last ones can take more than a fixed 10 ms to cross the event loop (on an H200, 16 flat GR00T
+clients had p99 1.6x p50 with 10 ms, batches of 7 and 15 among the 16s). So a lone client never
+waits (its latency stays the single-request cost), robots that think for tens of milliseconds
+between requests are not waited for, and lockstep evaluators fill batches. The batch is split into
+groups of identical structure (keys, shapes, dtypes) so a policy can stack them, and each group runs
+in ONE worker thread: the event loop stays free to answer pings and other connections, and a policy
+(or replica, below) is never entered from two threads at once.
 
 Why per-client queues served round-robin: with one shared FIFO, a client that queues 3,200
 requests puts everybody else's next request behind all of them (4.5 s measured). Taking one
@@ -90,6 +95,7 @@ log = logging.getLogger(__name__)
 
 _ACTIVE_WINDOW_S = 1.0  # a client silent for this long is no longer expected in a batch
 _THINK_EMA = 0.3  # smoothing of each client's think time
+_CALL_EMA = 0.1  # smoothing of the policy call's duration (the window's scale)
 _INLINE_LIMIT_S = 0.005  # a "cheap" policy slower than this goes back to the worker thread
 
 
@@ -187,10 +193,15 @@ class DynamicBatcher:
         metrics: Metrics | None = None,
         limits: Limits | None = None,
         replicas: int = 1,
+        wait_call_fraction: float = 0.25,
     ) -> None:
         self.policy = policy
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000.0
+        if not 0.0 <= wait_call_fraction <= 1.0:
+            raise ValueError(f"wait_call_fraction must be in [0, 1], got {wait_call_fraction!r}")
+        self.wait_call_fraction = wait_call_fraction
+        self._call_ema_s: float | None = None  # smoothed duration of a policy call
         self.metrics = metrics or Metrics()
         self.limits = limits or Limits()
         self.admission = Admission(self.limits)
@@ -361,16 +372,25 @@ class DynamicBatcher:
         return state
 
     # -- consumer --------------------------------------------------------------------------
+    @property
+    def window_s(self) -> float:
+        """How long a batch waits for prompt peers (and how prompt a peer must be): ``max_wait_ms``, or
+        ``wait_call_fraction`` of the smoothed policy call when longer."""
+        if self._call_ema_s is None:
+            return self.max_wait_s
+        return max(self.max_wait_s, self.wait_call_fraction * self._call_ema_s)
+
     def _missing_peers(self, now: float, batch: list[_Item]) -> int:
-        """Prompt clients (back within max_wait, by their think time) not yet in the batch."""
+        """Prompt clients (back within the window, by their think time) not yet in the batch."""
         stale = [cid for cid, st in self._clients.items() if now - st.last_seen > _ACTIVE_WINDOW_S]
         for cid in stale:
             del self._clients[cid]
         members = {it.client_id for it in batch} | self._running.keys()  # running peers cannot join
+        window = self.window_s
         return sum(
             1
             for cid, st in self._clients.items()
-            if cid not in members and st.think_ema_s is not None and st.think_ema_s <= self.max_wait_s
+            if cid not in members and st.think_ema_s is not None and st.think_ema_s <= window
         )
 
     def _pop(self) -> _Item | None:
@@ -410,7 +430,7 @@ class DynamicBatcher:
         # The window opens when the policy became free, not when `first` was queued: a request that
         # arrived during the previous call would otherwise leave at once, alone, while its peers
         # arrive a moment later -- batches would alternate (3, 1, 3, 1) instead of filling.
-        deadline = max(first.t_enqueue, self._free_since) + self.max_wait_s
+        deadline = max(first.t_enqueue, self._free_since) + self.window_s
         while len(batch) < self.max_batch_size:
             item = self._pop()
             if item is not None:
@@ -539,6 +559,9 @@ class DynamicBatcher:
         return policy.infer(item.obs)
 
     def _record_call(self, size: int, infer_ms: float) -> None:
+        took = infer_ms / 1000
+        ema = self._call_ema_s
+        self._call_ema_s = took if ema is None else (1 - _CALL_EMA) * ema + _CALL_EMA * took
         self.metrics.observe("cosmos_robot_batch_size", size)
         self.metrics.observe("cosmos_robot_policy_latency_seconds", infer_ms / 1000)
         if self.on_call is not None:

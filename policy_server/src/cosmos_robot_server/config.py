@@ -28,6 +28,7 @@ class ServerConfig:
     transports: tuple[str, ...] = ("ws",)  # which endpoints to open: any of ws, zmq, http
     max_batch_size: int = 16  # most observations the policy sees in one batched call
     max_wait_ms: float = 10.0  # longest a request waits for prompt peers to join its batch
+    wait_call_fraction: float = 0.25  # peers are also waited for up to this fraction of a typical policy call (0: off)
     replicas: int = 1  # policy copies serving at once (shared weights, own thread and CUDA stream); needs replica()
     api_key: str | None = None  # required on websocket/HTTP (Authorization: Api-Key) and ZMQ (api_token) when set
     max_message_bytes: int = 16 * 1024 * 1024  # larger requests are refused before decoding
@@ -79,6 +80,8 @@ class ServerConfig:
             raise ValueError(f"ServerConfig.max_batch_size: must be >= 1, got {self.max_batch_size}")
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
             raise ValueError(f"ServerConfig.replicas: must be an int >= 1, got {self.replicas!r}")
+        if not 0.0 <= self.wait_call_fraction <= 1.0:
+            raise ValueError(f"ServerConfig.wait_call_fraction: must be in [0, 1], got {self.wait_call_fraction!r}")
         if self.max_wait_ms < 0:
             raise ValueError(f"ServerConfig.max_wait_ms: must be >= 0, got {self.max_wait_ms}")
         if self.max_message_bytes < 1024:

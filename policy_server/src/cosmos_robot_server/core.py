@@ -232,6 +232,7 @@ class ServingCore:
             max_batch_size=config.max_batch_size,
             max_wait_ms=config.max_wait_ms,
             replicas=config.replicas,
+            wait_call_fraction=config.wait_call_fraction,
             metrics=self.metrics,
             limits=Limits(
                 max_inflight_per_client=config.max_inflight_per_client,
