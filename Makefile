@@ -35,7 +35,10 @@ $(VENV)/.installed: $(PROJECT_FILES)
 	@echo "setup: $(VENV) with $(PY312)"
 	@test -x $(PY) || $(PY312) -m venv $(VENV)
 	@$(PY) -m pip install $(PIP_QUIET) --upgrade pip
-	@$(PY) -m pip install $(PIP_QUIET) -e clients -e "policy_server[alpasim]" -e "envs[ray,pusht]" -e ".[dev,text]" -e trainers -e exporters
+	@$(PY) -m pip install $(PIP_QUIET) -e clients -e "policy_server[alpasim]" -e "envs[ray,pusht,driving]" -e ".[dev,text]" -e trainers -e exporters
+	@# highway-env requires pygame-ce, which writes the same `pygame` package as gym-pusht's pygame:
+	@# installed without its dependencies (the `driving` extra lists the rest), it runs on pygame
+	@$(PY) -m pip install $(PIP_QUIET) --no-deps "highway-env==1.12.1"
 	@touch $@
 
 # The real openpi-client / openpi-server from PyPI pin numpy<2, so they get a venv of their own.

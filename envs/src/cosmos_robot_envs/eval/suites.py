@@ -10,6 +10,10 @@ LIBERO's suites (``libero_spatial``, ``libero_object``, ``libero_goal``, ``liber
 ``libero_90``) run their envs under LIBERO's own interpreter (``.venv-libero``); episode ``i`` of a
 task starts from the task's fixed benchmark initial state ``i mod 50``, as in openpi's and
 LeRobot's evaluations.
+
+``driving`` (issue 20) runs highway-env scenarios behind AlpaSim's boundary (``cosmos_robot_envs.driving``):
+an action is one flattened plan, so a planner answering one plan per request is evaluated with
+``--replan-steps 1``; success is finishing the horizon without a collision or leaving the road.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cosmos_robot_envs.eval.config import EpisodeSpec
-from cosmos_robot_envs.eval.wire import LIBERO_KEYS, TABLETOP_KEYS
+from cosmos_robot_envs.eval.wire import DRIVING_KEYS, LIBERO_KEYS, TABLETOP_KEYS
 from cosmos_robot_envs.vector import EnvFactory
 from cosmos_robot_envs.vector.runner import EnvFn
 
@@ -94,6 +98,22 @@ def _tabletop() -> Suite:
     return Suite("tabletop", TASK_NAMES, _tabletop_env, TABLETOP_KEYS, fps=20, video_key="image")
 
 
+def _driving_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None, cameras: bool = True) -> EnvFn:
+    # camera-free planners (the usual case) get obs_mode="state": highway-env renders nothing
+    kwargs = {"tasks": list(tasks), "obs_mode": "camera" if cameras else "state", "image_size": image_size}
+    if max_steps is not None:
+        kwargs["max_steps"] = max_steps
+    return EnvFactory("cosmos_robot_envs.driving:CosmosRobot/Driving-v0", kwargs)  # the module registers the id
+
+
+def _driving() -> Suite:
+    from cosmos_robot_envs.driving.scenarios import SCENARIOS  # pure data, no highway-env import
+
+    return Suite(
+        "driving", tuple(SCENARIOS), _driving_env, DRIVING_KEYS, fps=10, video_key="image", image_keys=("image",)
+    )
+
+
 LIBERO_INIT_STATES = 50  # fixed initial states per LIBERO task
 
 
@@ -121,6 +141,7 @@ def _libero(name: str) -> Suite:
 _LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 _SUITES: dict[str, Callable[[], Suite]] = {
     "tabletop": _tabletop,
+    "driving": _driving,
     **{name: functools.partial(_libero, name) for name in _LIBERO_SUITES},
 }
 SUITE_NAMES = tuple(_SUITES)

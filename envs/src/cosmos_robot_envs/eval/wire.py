@@ -19,7 +19,15 @@ import numpy as np
 
 from cosmos_robot_client.spec import InputSpec
 
-__all__ = ["LIBERO_KEYS", "TABLETOP_KEYS", "WireMapping", "batch_row", "reads_images", "spec_from_metadata"]
+__all__ = [
+    "DRIVING_KEYS",
+    "LIBERO_KEYS",
+    "TABLETOP_KEYS",
+    "WireMapping",
+    "batch_row",
+    "reads_images",
+    "spec_from_metadata",
+]
 
 # env observation key -> wire key (openpi convention)
 TABLETOP_KEYS: dict[str, str] = {
@@ -29,6 +37,9 @@ TABLETOP_KEYS: dict[str, str] = {
     "object_state": "observation/object_state",
     "prompt": "prompt",
 }
+
+# the driving suite: the flat ego-frame scene vector and the optional top-down camera
+DRIVING_KEYS: dict[str, str] = {"state": "observation/state", "image": "observation/image"}
 
 # LIBERO's env already flips its cameras upright and builds openpi's 8-D state
 LIBERO_KEYS: dict[str, str] = {k: v for k, v in TABLETOP_KEYS.items() if k != "object_state"}

@@ -1,0 +1,98 @@
+"""The driving expert as a servable policy: IDM and lane keeping from the observation alone.
+
+``DrivingExpertPolicy`` reads only what a learned planner reads (``observation/state``: the ego's
+recent states, the lane centre ahead and the nearest agents, all in the ego frame) and answers one
+plan per request, ``actions`` of shape ``(1, 2K)``: serve it (``cosmos-robot serve --policy
+cosmos_robot_envs.driving:DrivingExpertPolicy``), evaluate it (``eval --suite driving
+--replan-steps 1``) or use it as a baseline. The leader is the nearest agent ahead whose lateral
+distance to the lane centre is under half a lane; the plan runs along the route polyline at the IDM
+speed, with the ego's offset from the lane centre decaying. It differs from the env's privileged
+expert (``DrivingEnv.expert_action``, which reads highway-env's road and gives the ground truth) only
+in seeing agents through the observation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from cosmos_robot_client.base_policy import BasePolicy
+from cosmos_robot_client.spec import ArraySpec, InputSpec
+from cosmos_robot_envs.driving.env import DT, state_layout
+from cosmos_robot_envs.driving.expert import IDMParams, idm_accel
+
+__all__ = ["DrivingExpertPolicy", "plan_from_state"]
+
+_HALF_LANE_M = 2.0  # highway-env lanes are 4 m wide
+_IDM = IDMParams()
+
+
+def _lane_y(route: np.ndarray, x: float) -> float:
+    """Lateral position of the lane centre at longitudinal ``x`` (linear through the route points)."""
+    xs, ys = route[:, 0], route[:, 1]
+    if x <= xs[0] and len(xs) > 1 and xs[1] != xs[0]:
+        slope = (ys[1] - ys[0]) / (xs[1] - xs[0])
+        return float(ys[0] + slope * (x - xs[0]))
+    return float(np.interp(x, xs, ys))
+
+
+def plan_from_state(
+    state: np.ndarray, *, history: int = 10, route_len: int = 20, agents: int = 8, plan_len: int = 20,
+    params: IDMParams = _IDM,
+) -> np.ndarray:  # fmt: skip
+    """(plan_len, 2) ego-frame waypoints from a flat ``state`` observation (``DrivingEnv``'s layout)."""
+    layout = state_layout(history, route_len, agents)
+    parts = {name: np.asarray(state[sl], np.float64).reshape(shape) for name, (sl, shape) in layout.items()}
+    speed = float(parts["ego_history"][-1, 3])
+    route = parts["route"]
+    offset = -_lane_y(route, 0.0)  # the ego's position relative to the lane centre (ego frame: +y right)
+    gap, leader_speed = None, 0.0
+    for present, x, y, vx, _vy, _h in parts["agents"]:
+        if present > 0.5 and x > 0 and abs(y - _lane_y(route, x)) < _HALF_LANE_M:
+            candidate = x - 5.0  # centre-to-centre minus a car length
+            if gap is None or candidate < gap:
+                gap, leader_speed = candidate, float(vx)
+    # the lane centre as a polyline from abreast of the ego through the route points
+    centre = np.concatenate([[[0.0, _lane_y(route, 0.0)]], route])
+    seg = np.linalg.norm(np.diff(centre, axis=0), axis=1)
+    arc = np.concatenate([[0.0], np.cumsum(seg)])
+    plan = np.zeros((plan_len, 2))
+    travelled = 0.0
+    for k in range(plan_len):
+        accel = float(np.clip(idm_accel(speed, gap, leader_speed, params), -2 * params.decel_comfort, params.accel_max))
+        new_speed = max(0.0, speed + accel * DT)
+        step = 0.5 * (speed + new_speed) * DT
+        travelled += step
+        if gap is not None:
+            gap += (leader_speed - 0.5 * (speed + new_speed)) * DT
+        speed = new_speed
+        x = float(np.interp(travelled, arc, centre[:, 0], right=centre[-1, 0] + travelled - arc[-1]))
+        y = float(np.interp(travelled, arc, centre[:, 1]))
+        plan[k] = (x, y - offset * math.exp(-(k + 1) * DT / params.lateral_tau_s))
+    return plan.astype(np.float32)
+
+
+class DrivingExpertPolicy(BasePolicy):
+    """IDM + lane keeping from ``observation/state``; one plan per request, as ``actions`` (1, 2K)."""
+
+    cheap_inference = True
+
+    def __init__(self, history: int = 10, route_len: int = 20, agents: int = 8, plan_len: int = 20) -> None:
+        self.history, self.route_len, self.agents, self.plan_len = history, route_len, agents, plan_len
+        layout = state_layout(history, route_len, agents)
+        self.state_dim = max(sl.stop for sl, _ in layout.values())
+
+    @property
+    def input_spec(self) -> InputSpec:
+        return InputSpec({"observation/state": ArraySpec((self.state_dim,), "floating")}, allow_extra=False)
+
+    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        state = np.asarray(obs["observation/state"], np.float32)
+        if state.shape != (self.state_dim,):
+            raise ValueError(f"observation/state: expected shape ({self.state_dim},), got {state.shape}")
+        plan = plan_from_state(
+            state, history=self.history, route_len=self.route_len, agents=self.agents, plan_len=self.plan_len
+        )
+        return {"actions": plan.reshape(1, -1)}
