@@ -229,6 +229,22 @@ def _print_results(results: dict[str, Any], suite: str, out: str) -> None:
         ci = f"[{100 * s['ci95_low']:.0f}%, {100 * s['ci95_high']:.0f}%]"
         table.add_row(name, f"{s['successes']}/{s['episodes']}", f"{100 * s['success_rate']:.1f}%", ci)
     Console().print(table)
+    names = sorted({m for _, s in rows for m in s.get("metrics", {})})
+    if names:  # the env's own episode numbers (the driving suite's progress, collision, ...): mean and 95% CI
+        metrics = Table(title="episode metrics (mean [95% CI])")
+        metrics.add_column("task")
+        for m in names:
+            metrics.add_column(m, justify="right")
+        for name, s in rows:
+            cells = []
+            for m in names:
+                entry = s.get("metrics", {}).get(m)
+                ci = entry and entry.get("ci95")
+                cells.append(
+                    "" if entry is None else f"{entry['mean']:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci else "")
+                )
+            metrics.add_row(name, *cells)
+        Console().print(metrics)
     totals = results["totals"]
     if totals.get("infra_failures"):
         reasons = ", ".join(f"{k} x{v}" for k, v in totals.get("infra_reasons", {}).items())

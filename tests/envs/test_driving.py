@@ -176,3 +176,8 @@ def test_eval_suite_driving_runs_the_served_expert_over_websocket(tmp_path: Any)
     episodes = results["episodes"]
     assert len(episodes) == 4 and {e["task"] for e in episodes} == {"highway", "merge"}
     assert sum(e["success"] for e in episodes) >= 3, episodes
+    # AlpaGym's episode metrics travel from the env workers into every record and the summary
+    assert all(set(e["metrics"]) == {"progress", "collision", "offroad", "mean_dist_to_gt"} for e in episodes)
+    highway = results["tasks"]["highway"]["metrics"]
+    assert highway["collision"]["n"] == 2 and 0.0 <= highway["collision"]["ci95"][0] <= highway["collision"]["mean"]
+    assert highway["progress"]["mean"] > 0.5

@@ -50,6 +50,8 @@ import numpy as np
 from cosmos_robot_envs.vector import BatchedEnv
 
 __all__ = [
+    "EPISODE_METRICS",
+    "episode_metrics",
     "EpisodeHooks",
     "EpisodeOutcome",
     "EpisodeScheduler",
@@ -61,6 +63,7 @@ __all__ = [
 ]
 
 ERROR_CHARS = 2000  # a worker's error message is cut to its last ERROR_CHARS characters
+EPISODE_METRICS = "episode_metrics"  # the info key under which an env reports its end-of-episode numbers
 
 
 class EpisodeSpecLike(Protocol):
@@ -142,6 +145,9 @@ class EpisodeOutcome(Generic[S]):
     infra_failure: bool  # a worker crashed / hung / raised (in reset or step): not a policy failure
     decisions: int
     wall_s: float  # from its reset to its end
+    # the env's own end-of-episode numbers (``info["episode_metrics"]``, e.g. the driving suite's progress,
+    # collision, off-road, distance to the ground truth), numbers only
+    metrics: Mapping[str, float | bool] = field(default_factory=dict)
 
     @property
     def task(self) -> str:
@@ -328,7 +334,29 @@ class EpisodeScheduler(Generic[S]):
             infra_failure=infra,
             decisions=ep.decisions,
             wall_s=time.perf_counter() - ep.t0,
+            metrics=episode_metrics(info),
         )
+
+
+def episode_metrics(info: Mapping[str, Any]) -> dict[str, float | bool]:
+    """``info["episode_metrics"]`` as ``{name: number}``: an env reports its own end-of-episode numbers
+    there; flags (bools: collision, off-road) stay bools so summaries report them as rates, anything
+    that is not a finite number is left out."""
+    raw = info.get(EPISODE_METRICS)
+    if not isinstance(raw, Mapping):
+        return {}
+    out: dict[str, float | bool] = {}
+    for key, value in raw.items():
+        if isinstance(value, (bool, np.bool_)):
+            out[str(key)] = bool(value)
+            continue
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            continue
+        if np.isfinite(number):
+            out[str(key)] = number
+    return out
 
 
 def _failed(info: Mapping[str, Any]) -> bool:

@@ -229,6 +229,13 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         truncated = not terminated and (self._tick >= self.max_steps or bool(sim_terminated or sim_truncated))
         self._done = terminated or truncated
         info = self._info(collision=collision, offroad=offroad, dist=dist, reward_terms=terms)
+        if self._done:  # AlpaGym's episode numbers, carried into eval's records and summaries
+            info["episode_metrics"] = {
+                "progress": info["progress"],
+                "collision": collision,
+                "offroad": offroad,
+                "mean_dist_to_gt": info["mean_dist_to_gt"],
+            }
         return self._observe(), float(sum(terms.values())), terminated, truncated, info
 
     def _check_plan(self, action: Any) -> np.ndarray:

@@ -68,6 +68,7 @@ class EpisodeRecord:
     video: str | None = None  # path relative to the output folder
     wall_s: float = 0.0  # wall time from reset to the last step
     infra_failures: int = 0  # attempts of this episode (same seed) lost to a failed worker before this one
+    metrics: dict[str, float | bool] = field(default_factory=dict)  # the env's end-of-episode numbers (driving: ...)
 
     @property
     def key(self) -> tuple[str, int]:

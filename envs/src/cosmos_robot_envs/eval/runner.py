@@ -214,6 +214,7 @@ class _EvalHooks(EpisodeHooks[EpisodeSpec]):
             video=self._video(outcome),
             wall_s=round(outcome.wall_s, 3),
             infra_failures=self.lost.get(outcome.spec.key, 0),
+            metrics={k: v if isinstance(v, bool) else round(v, 6) for k, v in outcome.metrics.items()},
         )
         append_record(self.out / EPISODES_JSONL, record)
         self.finished.append(record)

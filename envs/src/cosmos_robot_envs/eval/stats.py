@@ -76,6 +76,27 @@ def _infra(events: Sequence[InfraEvent], legacy: Sequence[EpisodeRecord]) -> dic
     return dict(sorted(reasons.items()))
 
 
+def _metric_means(records: Sequence[EpisodeRecord]) -> dict[str, dict[str, Any]]:
+    """Mean (with a 95% interval of the mean) of each end-of-episode metric the env reported; a flag
+    (bools: collision, off-road) is a rate with its Wilson interval."""
+    names = sorted({k for r in records for k in r.metrics})
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        raw = [r.metrics[name] for r in records if name in r.metrics]
+        values = np.array(raw, np.float64)
+        n = len(values)
+        mean = float(values.mean())
+        entry: dict[str, Any] = {"mean": round(mean, 6), "n": n, "ci95": None}
+        if n > 1:
+            half = float(Z95 * values.std(ddof=1) / np.sqrt(n))
+            entry["ci95"] = [round(mean - half, 6), round(mean + half, 6)]
+        if all(isinstance(v, bool) for v in raw):
+            lo, hi = wilson_interval(int(values.sum()), n)
+            entry["ci95"] = [round(lo, 6), round(hi, 6)]
+        out[name] = entry
+    return out
+
+
 def summarize(
     records: Iterable[EpisodeRecord],
     tasks: Sequence[str],
@@ -104,6 +125,9 @@ def summarize(
         )
         stats["missing"] = sum(t == task for t, _ in gone)
         stats["failed_seeds"] = [r.seed for r in sorted(mine, key=lambda r: r.episode) if _policy_failure(r)]
+        metrics = _metric_means(mine)
+        if metrics:
+            stats["metrics"] = metrics
         per_task[task] = stats
     totals = _rate(sum(r.success for r in recs), len(recs))
     reasons: dict[str, int] = {}
@@ -118,5 +142,8 @@ def summarize(
     totals["mean_task_success_rate"] = (
         float(np.mean([s["success_rate"] for s in per_task.values()])) if per_task else 0.0
     )
+    metrics = _metric_means(recs)
+    if metrics:
+        totals["metrics"] = metrics
     latencies = [x for r in recs for x in r.latencies_ms]
     return {"totals": totals, "tasks": per_task, "latency_ms": latency_percentiles(latencies)}
