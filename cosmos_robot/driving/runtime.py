@@ -211,23 +211,29 @@ class AlpasimLoopback:
 
     @staticmethod
     def _plan(reply: Any, sim: Any, now: int) -> np.ndarray:
-        """The returned local-frame poses after ``now`` as the suite's (K, 2) ego-frame plan."""
-        poses = [p for p in reply.trajectory.poses if p.timestamp_us > now]
-        if not poses:
+        """The returned local-frame poses as the suite's (K, 2) ego-frame plan: positions at now + k
+        ticks (k = 1..K), interpolated in time from the poses' own timestamps (a driver whose
+        ``action_dt`` differs from the tick still gives the path it means), the last step continued."""
+        stamps = np.array([p.timestamp_us for p in reply.trajectory.poses], np.float64)
+        later = stamps > now
+        if not later.any():
             raise DriverCallError("drive", "INTERNAL", "the driver returned no pose after time_now_us")
         ego = sim.ego
         ax, ay = _world_to_local(float(ego.position[0]), float(ego.position[1]))
         yaw = -float(ego.heading)
         c, s = math.cos(yaw), math.sin(yaw)
-        local = np.array([[p.pose.vec.x, p.pose.vec.y] for p in poses], np.float64) - np.array([ax, ay])
+        local = np.array([[p.pose.vec.x, p.pose.vec.y] for p in reply.trajectory.poses], np.float64)[later]
+        local -= np.array([ax, ay])
         rig = np.column_stack([c * local[:, 0] + s * local[:, 1], -s * local[:, 0] + c * local[:, 1]])
-        plan = np.column_stack([rig[:, 0], -rig[:, 1]])
-        k = sim.plan_len
-        if len(plan) < k:  # a shorter plan: continue its last step
-            last = plan[-1] - (plan[-2] if len(plan) > 1 else 0.0)
-            extra = plan[-1] + np.outer(np.arange(1, k - len(plan) + 1), last)
-            plan = np.vstack([plan, extra])
-        return plan[:k].astype(np.float32)
+        times = np.concatenate([[float(now)], stamps[later]])  # the plan starts at the ego (origin, now)
+        path = np.vstack([[0.0, 0.0], rig])
+        query = now + TICK_US * np.arange(1, sim.plan_len + 1, dtype=np.float64)
+        out = np.column_stack([np.interp(query, times, path[:, k]) for k in (0, 1)])
+        beyond = query > times[-1]
+        if beyond.any():  # continue the last step at its speed
+            velocity = (path[-1] - path[-2]) / max(times[-1] - times[-2], 1.0)
+            out[beyond] = path[-1] + np.outer(query[beyond] - times[-1], velocity)
+        return np.column_stack([out[:, 0], -out[:, 1]]).astype(np.float32)  # rig (y left) -> suite (y right)
 
 
 class RouteKeepingPolicy(BasePolicy):

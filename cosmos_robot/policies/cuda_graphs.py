@@ -15,14 +15,77 @@ GPU, so a CPU test can prove that serving after warm-up meets no new shape (:mod
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["GraphCache", "GraphCaptureError", "bucket_size", "pad_rows"]
+__all__ = ["CAPTURE_LOCK", "CaptureLock", "GraphCache", "GraphCaptureError", "bucket_size", "pad_rows"]
+
+
+class CaptureLock:
+    """Shared by calls that may run side by side (policy replicas), exclusive for a CUDA graph capture.
+
+    A capture records every kernel launched on the device in that window (``torch.cuda.graph``'s
+    default "global" mode refuses other threads' unsafe calls, and empties the allocator's cache), so
+    no other replica may work meanwhile. A thread that captures inside its own shared hold gives that
+    hold up while it waits, so two replicas meeting new shapes at once capture one after the other
+    instead of deadlocking. Waiting captures go before new calls."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared: dict[int, int] = {}  # thread -> shared holds
+        self._writer: int | None = None
+        self._writer_depth = 0
+        self._waiting_writers = 0
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._cond:
+            if me not in self._shared:  # a thread already holding it re-enters at once
+                while self._writer not in (None, me) or (self._waiting_writers and self._writer != me):
+                    self._cond.wait()
+            self._shared[me] = self._shared.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                left = self._shared[me] - 1
+                if left:
+                    self._shared[me] = left
+                else:
+                    del self._shared[me]
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        me = threading.get_ident()
+        with self._cond:
+            held = self._shared.pop(me, 0)  # give up this thread's own shared holds while it waits
+            self._waiting_writers += 1
+            self._cond.notify_all()
+            while self._writer not in (None, me) or self._shared:
+                self._cond.wait()
+            self._waiting_writers -= 1
+            self._writer, self._writer_depth = me, self._writer_depth + 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer_depth -= 1
+                if not self._writer_depth:
+                    self._writer = None
+                if held:
+                    self._shared[me] = held
+                self._cond.notify_all()
+
+
+CAPTURE_LOCK = CaptureLock()  # process-wide: every GraphCache captures under it
 
 
 class GraphCaptureError(RuntimeError):
@@ -103,7 +166,8 @@ class GraphCache:
         if key not in self.graphs:
             self.shape_misses += 1
             try:
-                self.graphs[key] = self._capture(inputs, static, first.device)
+                with CAPTURE_LOCK.exclusive():  # no other replica works on the device meanwhile
+                    self.graphs[key] = self._capture(inputs, static, first.device)
             except RuntimeError as exc:
                 if isinstance(exc, torch.cuda.OutOfMemoryError):
                     raise

@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.policies.cuda_graphs import CAPTURE_LOCK
+
 __all__ = ["Replicable"]
 
 
@@ -37,12 +39,20 @@ class Replicable:
     def replica(self) -> Any:
         """A policy that shares this one's weights and can serve at the same time on another thread."""
         twin = copy.copy(self)
-        for name in self.REPLICA_PRIVATE:
-            if getattr(self, name, None) is not None:
-                setattr(twin, name, copy.deepcopy(getattr(self, name)))
+        names = [n for n in self.REPLICA_PRIVATE if getattr(self, n, None) is not None]
+        # one deepcopy for all of them: links between them survive (LeRobot's GR00T postprocessor reads
+        # the raw state its preprocessor's pack step saved, to turn relative actions back into absolute)
+        for name, value in zip(names, copy.deepcopy(tuple(getattr(self, n) for n in names)), strict=True):
+            setattr(twin, name, value)
         twin.renew_graph_caches()
         twin._serving_stream = None
         return twin
+
+    def call_guard(self) -> Any:
+        """Held around every call while replicas serve (``DynamicBatcher``): calls run side by side, but
+        never during a CUDA graph capture, which may not overlap other work on the device
+        (:data:`cuda_graphs.CAPTURE_LOCK`)."""
+        return CAPTURE_LOCK.shared()
 
     def bind_thread(self) -> None:
         """Run first on the worker thread that serves this policy: on CUDA, its own stream becomes that

@@ -124,6 +124,13 @@ def test_every_scenario_runs_with_the_expert() -> None:
         assert infos[-1]["progress_m"] > 15 * DT * 10  # moving at highway speeds
 
 
+def test_merge_ends_with_its_road_and_that_is_a_success() -> None:
+    env = DrivingEnv(max_steps=200, expert_replay=False)
+    _, infos = run(env, lambda e: e.expert_action(), seed=2, task="merge")
+    last = infos[-1]
+    assert last["route_complete"] and last["tick"] < 200 and last["is_success"]
+
+
 def test_bad_plans_and_options_are_named() -> None:
     env = DrivingEnv(max_steps=5, expert_replay=False)
     env.reset(seed=0)

@@ -382,3 +382,16 @@ def test_window_scales_with_the_call_so_a_late_lockstep_peer_still_joins() -> No
 def test_wait_call_fraction_is_checked() -> None:
     with pytest.raises(ValueError, match=r"wait_call_fraction must be in \[0, 1\], got 2"):
         DynamicBatcher(ConstantBatchPolicy(4, 2), wait_call_fraction=2)
+
+
+def test_window_follows_the_typical_call_not_one_slow_one_and_is_capped() -> None:
+    b = DynamicBatcher(ConstantBatchPolicy(4, 2), max_wait_ms=10, wait_call_fraction=0.25)
+    assert b.window_s == 0.01  # nothing measured yet: max_wait_ms
+    for _ in range(10):
+        b._record_call(1, 90.0)
+    assert abs(b.window_s - 0.0225) < 1e-9
+    b._record_call(1, 60_000.0)  # a recompilation: not typical
+    assert abs(b.window_s - 0.0225) < 1e-9
+    for _ in range(15):
+        b._record_call(1, 1_000.0)  # a 1 s policy: a quarter would be 250 ms
+    assert b.window_s == 0.1

@@ -5,9 +5,10 @@ reset reach every replica; a policy without ``replica()`` is refused by name."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -183,3 +184,26 @@ def test_a_policy_without_replica_is_refused_by_name() -> None:
         make_replicas(ConstantBatchPolicy(4, 2), 0)
     with pytest.raises(ValueError, match="ServerConfig.replicas: must be an int >= 1, got 0"):
         ServerConfig(replicas=0)
+
+
+class Guarded(SlowReplicable):
+    """Counts the calls made under its ``call_guard`` (the torch families: never during a graph capture)."""
+
+    guarded: list[str] = []
+
+    def replica(self) -> Guarded:
+        twin = Guarded(self.delay_s, self.journal, index=len(self.replicas))
+        self.replicas.append(twin)
+        return twin
+
+    @contextlib.contextmanager
+    def call_guard(self) -> Iterator[None]:
+        Guarded.guarded.append(threading.current_thread().name)
+        yield
+
+
+def test_replicas_call_under_the_policys_guard_and_one_worker_does_not() -> None:
+    for replicas, expected in ((2, 2), (1, 0)):
+        Guarded.guarded = []
+        asyncio.run(_run(Guarded(0.05), _late_second, replicas=replicas, max_wait_ms=5))
+        assert len(Guarded.guarded) == expected

@@ -62,6 +62,7 @@ it leaves (``NonFiniteOutput``): a robot must never be sent a NaN action.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -95,7 +96,8 @@ log = logging.getLogger(__name__)
 
 _ACTIVE_WINDOW_S = 1.0  # a client silent for this long is no longer expected in a batch
 _THINK_EMA = 0.3  # smoothing of each client's think time
-_CALL_EMA = 0.1  # smoothing of the policy call's duration (the window's scale)
+_CALL_SAMPLES = 15  # recent policy calls whose median scales the batching window
+_WINDOW_CAP_S = 0.1  # the call-scaled window never exceeds this (a 1 s call waits 100 ms, not 250)
 _INLINE_LIMIT_S = 0.005  # a "cheap" policy slower than this goes back to the worker thread
 
 
@@ -201,7 +203,7 @@ class DynamicBatcher:
         if not 0.0 <= wait_call_fraction <= 1.0:
             raise ValueError(f"wait_call_fraction must be in [0, 1], got {wait_call_fraction!r}")
         self.wait_call_fraction = wait_call_fraction
-        self._call_ema_s: float | None = None  # smoothed duration of a policy call
+        self._recent_calls: deque[float] = deque(maxlen=_CALL_SAMPLES)  # durations of the last policy calls
         self.metrics = metrics or Metrics()
         self.limits = limits or Limits()
         self.admission = Admission(self.limits)
@@ -375,10 +377,12 @@ class DynamicBatcher:
     @property
     def window_s(self) -> float:
         """How long a batch waits for prompt peers (and how prompt a peer must be): ``max_wait_ms``, or
-        ``wait_call_fraction`` of the smoothed policy call when longer."""
-        if self._call_ema_s is None:
+        ``wait_call_fraction`` of the typical policy call (the median of the last ones: a capture or a
+        recompilation is not typical) when longer, at most ``_WINDOW_CAP_S``."""
+        if not self._recent_calls:
             return self.max_wait_s
-        return max(self.max_wait_s, self.wait_call_fraction * self._call_ema_s)
+        typical = float(sorted(self._recent_calls)[len(self._recent_calls) // 2])
+        return max(self.max_wait_s, min(self.wait_call_fraction * typical, _WINDOW_CAP_S))
 
     def _missing_peers(self, now: float, batch: list[_Item]) -> int:
         """Prompt clients (back within the window, by their think time) not yet in the batch."""
@@ -509,6 +513,13 @@ class DynamicBatcher:
         group = [it for it in group if not it.future.done()]  # cancelled while waiting for this thread
         if not group:
             return
+        # replicas call under the policy's guard if it has one (the torch families: never during
+        # another replica's CUDA graph capture)
+        guard = getattr(policy, "call_guard", None) if len(self.workers) > 1 else None
+        with guard() if callable(guard) else contextlib.nullcontext():
+            self._execute_group(loop, group, policy)
+
+    def _execute_group(self, loop: asyncio.AbstractEventLoop, group: list[_Item], policy: BasePolicy) -> None:
         t0 = time.perf_counter()
         if self.batched and len(group) > 1:
             try:
@@ -559,9 +570,7 @@ class DynamicBatcher:
         return policy.infer(item.obs)
 
     def _record_call(self, size: int, infer_ms: float) -> None:
-        took = infer_ms / 1000
-        ema = self._call_ema_s
-        self._call_ema_s = took if ema is None else (1 - _CALL_EMA) * ema + _CALL_EMA * took
+        self._recent_calls.append(infer_ms / 1000)
         self.metrics.observe("cosmos_robot_batch_size", size)
         self.metrics.observe("cosmos_robot_policy_latency_seconds", infer_ms / 1000)
         if self.on_call is not None:

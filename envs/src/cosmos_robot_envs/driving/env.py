@@ -124,6 +124,8 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._reference_m = 1.0
         self._truth: np.ndarray | None = None
         self._dist_sum = 0.0
+        self._dist_ticks = 0
+        self._route_complete = False
         self._done = True
 
     # -- simulators -------------------------------------------------------------------------
@@ -186,6 +188,7 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.task, self.seed_used = str(task), int(episode_seed)
         self._sim(self.task).reset(seed=self.seed_used)
         self._tick, self._progress_m, self._dist_sum, self._done = 0, 0.0, 0.0, False
+        self._dist_ticks, self._route_complete = 0, False
         self._history.clear()
         for _ in range(self.history):
             self._history.append(self._ego_state())
@@ -219,14 +222,16 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._progress_m += step_m
         collision, offroad = bool(ego.crashed), not bool(ego.on_road)
         dist = 0.0
-        if self._truth is not None:
-            truth = self._truth[min(self._tick, len(self._truth)) - 1]
-            dist = float(np.linalg.norm(np.asarray(ego.position, np.float64) - truth))
-        self._dist_sum += dist
+        if self._truth is not None and self._tick <= len(self._truth):  # none once the expert's replay ended
+            dist = float(np.linalg.norm(np.asarray(ego.position, np.float64) - self._truth[self._tick - 1]))
+            self._dist_sum += dist
+            self._dist_ticks += 1
         self._history.append(self._ego_state())
         terms = self._reward_terms(step_m, collision, offroad, dist)
         terminated = collision or offroad
-        truncated = not terminated and (self._tick >= self.max_steps or bool(sim_terminated or sim_truncated))
+        # highway-env ending the scenario itself (merge: past the end of the road) completes the route
+        self._route_complete = not terminated and bool(sim_terminated or sim_truncated)
+        truncated = not terminated and (self._tick >= self.max_steps or self._route_complete)
         self._done = terminated or truncated
         info = self._info(collision=collision, offroad=offroad, dist=dist, reward_terms=terms)
         if self._done:  # AlpaGym's episode numbers, carried into eval's records and summaries
@@ -316,9 +321,12 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             "collision": collision,
             "offroad": offroad,
             "dist_to_gt": dist,
-            "mean_dist_to_gt": self._dist_sum / max(1, self._tick),
+            "mean_dist_to_gt": self._dist_sum / max(1, self._dist_ticks),
+            "route_complete": self._route_complete,
             "reward_terms": reward_terms,
-            "is_success": bool(self._tick >= self.max_steps and not collision and not offroad),
+            "is_success": bool(
+                (self._tick >= self.max_steps or self._route_complete) and not collision and not offroad
+            ),
         }
 
     def render(self) -> np.ndarray | None:

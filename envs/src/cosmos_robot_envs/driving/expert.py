@@ -27,7 +27,7 @@ class IDMParams:
     accel_max: float = 3.0
     decel_comfort: float = 5.0
     time_gap_s: float = 1.5
-    jam_gap_m: float = 10.0  # 5 m plus a 5 m car length, as highway-env's IDM vehicles
+    jam_gap_m: float = 10.0  # centre to centre: 5 m plus a 5 m car length, as highway-env's IDM vehicles
     delta: float = 4.0
     lateral_tau_s: float = 1.0
 
@@ -42,11 +42,12 @@ def idm_accel(speed: float, gap: float | None, leader_speed: float, p: IDMParams
 
 
 def _leader(road: Any, ego: Any) -> tuple[float | None, float]:
-    """(bumper gap, speed) of the nearest vehicle ahead in the ego's lane; (None, 0) when there is none."""
+    """(centre-to-centre gap along the lane, speed) of the nearest vehicle ahead in the ego's lane, as
+    highway-env's IDM measures it (its jam gap includes a car length); (None, 0) when there is none."""
     front, _ = road.neighbour_vehicles(ego, ego.lane_index)
     if front is None:
         return None, 0.0
-    return float(ego.lane_distance_to(front) - ego.LENGTH), float(front.speed)
+    return float(ego.lane_distance_to(front)), float(front.speed)
 
 
 def expert_plan(road: Any, ego: Any, horizon: int, dt: float, p: IDMParams = IDMParams()) -> np.ndarray:

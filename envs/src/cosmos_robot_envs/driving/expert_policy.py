@@ -51,9 +51,8 @@ def plan_from_state(
     gap, leader_speed = None, 0.0
     for present, x, y, vx, _vy, _h in parts["agents"]:
         if present > 0.5 and x > 0 and abs(y - _lane_y(route, x)) < _HALF_LANE_M:
-            candidate = x - 5.0  # centre-to-centre minus a car length
-            if gap is None or candidate < gap:
-                gap, leader_speed = candidate, float(vx)
+            if gap is None or x < gap:  # centre to centre, as the IDM's jam gap counts it
+                gap, leader_speed = float(x), float(vx)
     # the lane centre as a polyline from abreast of the ego through the route points
     centre = np.concatenate([[[0.0, _lane_y(route, 0.0)]], route])
     seg = np.linalg.norm(np.diff(centre, axis=0), axis=1)

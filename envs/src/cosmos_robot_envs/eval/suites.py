@@ -13,7 +13,8 @@ LeRobot's evaluations.
 
 ``driving`` (issue 20) runs highway-env scenarios behind AlpaSim's boundary (``cosmos_robot_envs.driving``):
 an action is one flattened plan, so a planner answering one plan per request is evaluated with
-``--replan-steps 1``; success is finishing the horizon without a collision or leaving the road.
+``--replan-steps 1``; success is finishing the horizon (or the scenario's road) without a collision or
+leaving the road.
 """
 
 from __future__ import annotations
