@@ -28,7 +28,7 @@ class ServerConfig:
     transports: tuple[str, ...] = ("ws",)  # which endpoints to open: any of ws, zmq, http
     max_batch_size: int = 16  # most observations the policy sees in one batched call
     max_wait_ms: float = 10.0  # longest a request waits for prompt peers to join its batch
-    wait_call_fraction: float = 0.25  # peers are also waited for up to this fraction of a typical call (<= 100 ms; 0: off)
+    wait_call_fraction: float = 0.25  # batch window: this share of a typical call if above max_wait (<=100 ms; 0: off)
     replicas: int = 1  # policy copies serving at once (shared weights, own thread and CUDA stream); needs replica()
     api_key: str | None = None  # required on websocket/HTTP (Authorization: Api-Key) and ZMQ (api_token) when set
     max_message_bytes: int = 16 * 1024 * 1024  # larger requests are refused before decoding
