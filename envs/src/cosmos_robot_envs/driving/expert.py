@@ -18,7 +18,7 @@ import numpy as np
 
 from cosmos_robot_envs.driving.geometry import to_ego
 
-__all__ = ["IDMParams", "expert_plan"]
+__all__ = ["IDMParams", "expert_plan", "idm_accel", "idm_distances"]
 
 
 @dataclass(frozen=True)
@@ -55,16 +55,25 @@ def expert_plan(road: Any, ego: Any, horizon: int, dt: float, p: IDMParams = IDM
     lane = road.network.get_lane(ego.lane_index)
     s, d = lane.local_coordinates(np.asarray(ego.position, np.float64))
     gap, leader_speed = _leader(road, ego)
-    speed = float(ego.speed)
-    world = np.zeros((horizon, 2))
+    travelled = idm_distances(float(ego.speed), gap, leader_speed, horizon, dt, p)
+    decay = np.exp(-np.arange(1, horizon + 1) * dt / p.lateral_tau_s)
+    world = np.stack([lane.position(s + t, d * f) for t, f in zip(travelled, decay)])
+    return to_ego(world, np.asarray(ego.position), float(ego.heading)).astype(np.float32)
+
+
+def idm_distances(
+    speed: float, gap: float | None, leader_speed: float, horizon: int, dt: float, p: IDMParams
+) -> np.ndarray:
+    """Distance travelled after 1..horizon steps of ``dt`` under IDM behind a constant-speed leader
+    (``gap`` centre to centre; None: a free road). Both experts plan along their lane with it."""
+    out = np.zeros(horizon)
+    travelled = 0.0
     for k in range(horizon):
         accel = float(np.clip(idm_accel(speed, gap, leader_speed, p), -p.decel_comfort * 2, p.accel_max))
         new_speed = max(0.0, speed + accel * dt)
-        step = 0.5 * (speed + new_speed) * dt
-        s += step
+        travelled += 0.5 * (speed + new_speed) * dt
         if gap is not None:
             gap += (leader_speed - 0.5 * (speed + new_speed)) * dt
         speed = new_speed
-        d *= math.exp(-dt / p.lateral_tau_s)
-        world[k] = lane.position(s, d)
-    return to_ego(world, np.asarray(ego.position), float(ego.heading)).astype(np.float32)
+        out[k] = travelled
+    return out

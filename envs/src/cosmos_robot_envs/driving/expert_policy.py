@@ -13,7 +13,6 @@ in seeing agents through the observation.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ import numpy as np
 from cosmos_robot_client.base_policy import BasePolicy
 from cosmos_robot_client.spec import ArraySpec, InputSpec
 from cosmos_robot_envs.driving.env import DT, state_layout
-from cosmos_robot_envs.driving.expert import IDMParams, idm_accel
+from cosmos_robot_envs.driving.expert import IDMParams, idm_distances
 
 __all__ = ["DrivingExpertPolicy", "plan_from_state"]
 
@@ -57,20 +56,13 @@ def plan_from_state(
     centre = np.concatenate([[[0.0, _lane_y(route, 0.0)]], route])
     seg = np.linalg.norm(np.diff(centre, axis=0), axis=1)
     arc = np.concatenate([[0.0], np.cumsum(seg)])
-    plan = np.zeros((plan_len, 2))
-    travelled = 0.0
-    for k in range(plan_len):
-        accel = float(np.clip(idm_accel(speed, gap, leader_speed, params), -2 * params.decel_comfort, params.accel_max))
-        new_speed = max(0.0, speed + accel * DT)
-        step = 0.5 * (speed + new_speed) * DT
-        travelled += step
-        if gap is not None:
-            gap += (leader_speed - 0.5 * (speed + new_speed)) * DT
-        speed = new_speed
-        x = float(np.interp(travelled, arc, centre[:, 0], right=centre[-1, 0] + travelled - arc[-1]))
-        y = float(np.interp(travelled, arc, centre[:, 1]))
-        plan[k] = (x, y - offset * math.exp(-(k + 1) * DT / params.lateral_tau_s))
-    return plan.astype(np.float32)
+    travelled = idm_distances(speed, gap, leader_speed, plan_len, DT, params)
+    x = np.interp(travelled, arc, centre[:, 0], right=np.nan)
+    x = np.where(np.isnan(x), centre[-1, 0] + travelled - arc[-1], x)  # past the route: straight on
+    y = np.interp(travelled, arc, centre[:, 1]) - offset * np.exp(
+        -np.arange(1, plan_len + 1) * DT / params.lateral_tau_s
+    )
+    return np.column_stack([x, y]).astype(np.float32)
 
 
 class DrivingExpertPolicy(BasePolicy):
