@@ -72,3 +72,24 @@ def test_unknown_task_exits_with_the_known_ones(tmp_path: Path) -> None:
     result = runner.invoke(app, ["eval", "--policy", "x:y", "--out", str(tmp_path), "--tasks", "reach,fly"])
     assert result.exit_code == 2
     assert "'fly' not in suite 'tabletop'" in result.output and "pick_place" in result.output
+
+
+def test_driving_suite_from_the_cli_prints_its_episode_metrics(tmp_path: Path) -> None:
+    """``cosmos-robot eval --suite driving``: the served-style expert in-process, AlpaGym's episode metrics
+    in the printed table and in results.json (highway-env installed by the Makefile)."""
+    import pytest
+
+    pytest.importorskip("highway_env")
+    out = tmp_path / "drive"
+    args = [
+        "eval", "--policy", "cosmos_robot_envs.driving:DrivingExpertPolicy", "--suite", "driving",
+        "--tasks", "highway", "--episodes-per-task", "2", "--num-envs", "1", "--replan-steps", "1",
+        "--max-steps", "15", "--video-episodes", "0", "--out", str(out),
+    ]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "episode metrics" in result.output and "collision" in result.output
+    totals = json.loads((out / "results.json").read_text())["totals"]
+    assert totals["episodes"] == 2 and set(totals["metrics"]) == {"progress", "collision", "offroad", "mean_dist_to_gt"}
+    bad = runner.invoke(app, [*args[:9], "--replan-steps", "5", *args[13:]])
+    assert bad.exit_code != 0 and "replan" in bad.output.lower()

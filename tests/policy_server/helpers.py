@@ -18,6 +18,7 @@ import zmq
 
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_server import PolicyServer, ServerConfig
+from cosmos_robot_server.batcher import DynamicBatcher
 
 ALL_TRANSPORTS = ("ws", "zmq", "http")
 TIMEOUT_MS = 3000
@@ -67,3 +68,13 @@ class RecordingPolicy(BatchPolicy):
         self.gate.wait(5)
         self.seen.extend(str(o["tag"]) for o in obs_batch)
         return [{"actions": np.zeros((2, 2), np.float32)} for _ in obs_batch]
+
+
+async def with_batcher(policy: Any, fn: Any, **kw: Any) -> Any:
+    """``await fn(batcher)`` on a started ``DynamicBatcher(policy, **kw)``, stopped afterwards."""
+    batcher = DynamicBatcher(policy, **kw)
+    batcher.start()
+    try:
+        return await fn(batcher)
+    finally:
+        await batcher.stop()

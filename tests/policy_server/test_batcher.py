@@ -11,26 +11,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cosmos_robot_client.base_policy import BasePolicy, BatchPolicy
+from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_server.admission import Limits, ServerBusy
 from cosmos_robot_server.batcher import DynamicBatcher, NonFiniteOutput, PolicyError, SessionSlot
 from cosmos_robot_server.example_policies import ConstantBatchPolicy, ConstantPolicy, StepCounterPolicy
 from cosmos_robot_server.metrics import Metrics
 from cosmos_robot_server.payloads import nonfinite_problem, payload_nbytes, structure_signature
-from tests.policy_server.helpers import RecordingPolicy
+from tests.policy_server.helpers import RecordingPolicy, with_batcher
 
 
 def obs(n: int = 3) -> dict[str, Any]:
     return {"state": np.zeros(n, np.float32), "prompt": "p"}
-
-
-async def _with_batcher(policy: BasePolicy, fn: Any, **kw: Any) -> Any:
-    batcher = DynamicBatcher(policy, **kw)
-    batcher.start()
-    try:
-        return await fn(batcher)
-    finally:
-        await batcher.stop()
 
 
 def test_concurrent_clients_share_one_call() -> None:
@@ -39,7 +30,7 @@ def test_concurrent_clients_share_one_call() -> None:
     async def go(b: DynamicBatcher) -> list[Any]:
         return await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(8)))
 
-    results = asyncio.run(_with_batcher(policy, go, max_batch_size=16, max_wait_ms=200))
+    results = asyncio.run(with_batcher(policy, go, max_batch_size=16, max_wait_ms=200))
     assert policy.batch_sizes == [8]
     assert all(r[0]["actions"].shape == (4, 2) and r[1].batch_size == 8 for r in results)
 
@@ -50,7 +41,7 @@ def test_max_batch_size_caps_a_call() -> None:
     async def go(b: DynamicBatcher) -> None:
         await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(10)))
 
-    asyncio.run(_with_batcher(policy, go, max_batch_size=4, max_wait_ms=200))
+    asyncio.run(with_batcher(policy, go, max_batch_size=4, max_wait_ms=200))
     assert sorted(policy.batch_sizes, reverse=True) == [4, 4, 2]
 
 
@@ -64,7 +55,7 @@ def test_lone_client_does_not_wait_for_max_wait() -> None:
             await b.submit(obs(), "solo")
         return (time.perf_counter() - t0) / 5
 
-    per_request = asyncio.run(_with_batcher(policy, go, max_wait_ms=500))
+    per_request = asyncio.run(with_batcher(policy, go, max_wait_ms=500))
     assert per_request < 0.25  # would be >= 0.5 s if it waited for max_wait
 
 
@@ -74,7 +65,7 @@ def test_different_structures_are_separate_calls() -> None:
     async def go(b: DynamicBatcher) -> None:
         await asyncio.gather(*(b.submit(obs(3 if i % 2 else 5), f"c{i}") for i in range(6)))
 
-    asyncio.run(_with_batcher(policy, go, max_wait_ms=200))
+    asyncio.run(with_batcher(policy, go, max_wait_ms=200))
     assert sorted(policy.batch_sizes) == [3, 3]
     assert structure_signature(obs(3)) != structure_signature(obs(5))
     assert structure_signature(obs(3)) == structure_signature(obs(3))
@@ -86,7 +77,7 @@ def test_unbatched_policy_is_called_per_request() -> None:
     async def go(b: DynamicBatcher) -> list[Any]:
         return await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(5)))
 
-    results = asyncio.run(_with_batcher(policy, go, max_wait_ms=100))
+    results = asyncio.run(with_batcher(policy, go, max_wait_ms=100))
     assert policy.calls == 5 and all(r[1].batch_size == 1 for r in results)
 
 
@@ -111,7 +102,7 @@ def test_failing_request_is_isolated_from_its_batch() -> None:
         items[2]["state"][0] = -1
         return await asyncio.gather(*(b.submit(o, f"c{i}") for i, o in enumerate(items)), return_exceptions=True)
 
-    results = asyncio.run(_with_batcher(policy, go, max_wait_ms=200))
+    results = asyncio.run(with_batcher(policy, go, max_wait_ms=200))
     assert isinstance(results[2], PolicyError) and "negative state" in str(results[2])
     assert all(isinstance(results[i], tuple) for i in (0, 1, 3))
     assert policy.batch_sizes[0] == 4  # tried together first, then one by one
@@ -132,7 +123,7 @@ def test_malformed_policy_output_is_a_clear_error(mode: str, message: str) -> No
     async def go(b: DynamicBatcher) -> list[Any]:
         return await asyncio.gather(*(b.submit(obs(), f"c{i}") for i in range(2)), return_exceptions=True)
 
-    results = asyncio.run(_with_batcher(BrokenPolicy(mode), go, max_wait_ms=100))
+    results = asyncio.run(with_batcher(BrokenPolicy(mode), go, max_wait_ms=100))
     assert all(isinstance(r, PolicyError) for r in results)
     assert any(message in str(r) for r in results) or mode == "short"
 
@@ -144,7 +135,7 @@ def test_reset_runs_on_the_policy_thread() -> None:
         await b.submit(obs(), "c")
         await b.call(policy.reset)
 
-    asyncio.run(_with_batcher(policy, go))
+    asyncio.run(with_batcher(policy, go))
     assert policy.resets == 1
 
 
@@ -171,7 +162,7 @@ def test_prompt_client_is_not_held_back_by_a_slow_one() -> None:
         await task
         return lat
 
-    lat = asyncio.run(_with_batcher(policy, go, max_wait_ms=60))
+    lat = asyncio.run(with_batcher(policy, go, max_wait_ms=60))
     assert sorted(lat)[len(lat) // 2] < 0.03  # the median request did not sit out max_wait
 
 
@@ -186,7 +177,7 @@ def test_lockstep_clients_fill_batches_even_when_arriving_staggered() -> None:
 
         await asyncio.gather(*(client(i) for i in range(4)))
 
-    asyncio.run(_with_batcher(policy, go, max_wait_ms=50))
+    asyncio.run(with_batcher(policy, go, max_wait_ms=50))
     # once the first rounds teach the batcher that all four are prompt, calls carry all four
     # (the last rounds may split when a client has finished its loop before the others)
     assert policy.batch_sizes.count(4) >= 5, policy.batch_sizes
@@ -206,7 +197,7 @@ def test_cheap_policy_runs_inline_and_falls_back_when_slow() -> None:
         out.append(await b.submit(obs(), "solo"))
         return out
 
-    results = asyncio.run(_with_batcher(policy, go))
+    results = asyncio.run(with_batcher(policy, go))
     assert all(r[0]["actions"].shape == (4, 2) for r in results)
 
 
@@ -224,7 +215,7 @@ def test_request_queued_during_a_call_waits_for_its_prompt_peers() -> None:
 
         await asyncio.gather(*(client(i) for i in range(4)))
 
-    asyncio.run(_with_batcher(policy, go, max_wait_ms=15))
+    asyncio.run(with_batcher(policy, go, max_wait_ms=15))
     assert policy.batch_sizes.count(4) >= 5, policy.batch_sizes
 
 
@@ -245,7 +236,7 @@ def test_flood_by_one_client_delays_another_by_about_one_batch() -> None:
         await flood
         return good, time.perf_counter() - t0
 
-    good, flood_s = asyncio.run(_with_batcher(policy, go, max_batch_size=4, max_wait_ms=1))
+    good, flood_s = asyncio.run(with_batcher(policy, go, max_batch_size=4, max_wait_ms=1))
     assert flood_s > 0.4  # 100 calls of >= 5 ms: the flood really occupied the policy
     assert good < 0.1, f"good client waited {good:.3f} s behind the flood"
 
@@ -274,7 +265,7 @@ def test_inflight_caps_refuse_with_server_busy_naming_the_limit() -> None:
         assert b.inflight() == (0, 0)
         await b.submit(obs(), "a")  # answered requests free their place
 
-    asyncio.run(_with_batcher(policy, go, max_wait_ms=1, limits=limits))
+    asyncio.run(with_batcher(policy, go, max_wait_ms=1, limits=limits))
 
 
 def test_forget_drops_queued_requests_of_a_departed_client() -> None:
@@ -294,7 +285,7 @@ def test_forget_drops_queued_requests_of_a_departed_client() -> None:
         assert all(isinstance(o, asyncio.CancelledError) for o in outs)
         assert b.inflight() == (0, 0)
 
-    asyncio.run(_with_batcher(policy, go, max_wait_ms=1, metrics=metrics))
+    asyncio.run(with_batcher(policy, go, max_wait_ms=1, metrics=metrics))
     assert policy.seen == ["x0", "x1"]  # the departed client's requests never reached the policy
     assert "cosmos_robot_batch_size_sum 2\n" in metrics.render()  # only executed requests are counted
 
@@ -320,7 +311,7 @@ def test_nonfinite_output_fails_only_that_request_naming_the_key() -> None:
         items[1]["state"][0] = -1
         return await asyncio.gather(*(b.submit(o, f"c{i}") for i, o in enumerate(items)), return_exceptions=True)
 
-    results = asyncio.run(_with_batcher(HalfNaNPolicy(), go, max_wait_ms=100))
+    results = asyncio.run(with_batcher(HalfNaNPolicy(), go, max_wait_ms=100))
     assert isinstance(results[1], NonFiniteOutput)
     assert str(results[1]) == "policy output 'actions' has 70 non-finite values (NaN/inf); refusing to send it"
     assert isinstance(results[0], tuple) and isinstance(results[2], tuple)
@@ -339,7 +330,7 @@ def test_session_slots_keep_separate_state() -> None:
         after_a = (await b.submit(obs(), "a", session=a))[0]["steps"]
         return [after_a, (await b.submit(obs(), "c", session=c))[0]["steps"]]
 
-    assert asyncio.run(_with_batcher(policy, go)) == [4, 2]
+    assert asyncio.run(with_batcher(policy, go)) == [4, 2]
 
 
 def test_answered_requests_leave_the_inflight_count_at_once() -> None:
@@ -351,7 +342,7 @@ def test_answered_requests_leave_the_inflight_count_at_once() -> None:
             await b.submit(obs(), "solo")
         assert b.inflight("solo") == (0, 0)
 
-    asyncio.run(_with_batcher(policy, go, limits=Limits(max_inflight_per_client=2)))
+    asyncio.run(with_batcher(policy, go, limits=Limits(max_inflight_per_client=2)))
 
 
 def test_window_scales_with_the_call_so_a_late_lockstep_peer_still_joins() -> None:
@@ -371,7 +362,7 @@ def test_window_scales_with_the_call_so_a_late_lockstep_peer_still_joins() -> No
 
             await asyncio.gather(*(client(i) for i in range(4)))
 
-        asyncio.run(_with_batcher(policy, go, max_wait_ms=10, wait_call_fraction=fraction))
+        asyncio.run(with_batcher(policy, go, max_wait_ms=10, wait_call_fraction=fraction))
         return policy.batch_sizes
 
     scaled, fixed = sizes(0.25), sizes(0.0)

@@ -19,6 +19,7 @@ from cosmos_robot_server import ServerConfig
 from cosmos_robot_server.batcher import DynamicBatcher, make_replicas
 from cosmos_robot_server.core import ServingCore
 from cosmos_robot_server.example_policies import ConstantBatchPolicy
+from tests.policy_server.helpers import with_batcher
 
 
 class Journal:
@@ -75,15 +76,6 @@ def obs(tag: str) -> dict[str, Any]:
     return {"state": np.zeros(2, np.float32), "tag": tag}
 
 
-async def _run(policy: Any, fn: Any, **kw: Any) -> Any:
-    batcher = DynamicBatcher(policy, **kw)
-    batcher.start()
-    try:
-        return await fn(batcher)
-    finally:
-        await batcher.stop()
-
-
 async def _late_second(b: DynamicBatcher) -> list[Any]:
     """Client a's request, then client b's while a's call runs (robots at their own pace)."""
     first = asyncio.ensure_future(b.submit(obs("a"), "a"))
@@ -94,7 +86,7 @@ async def _late_second(b: DynamicBatcher) -> list[Any]:
 
 def test_a_request_arriving_during_a_call_starts_on_a_second_replica() -> None:
     policy = SlowReplicable(0.3)
-    (ra, ta), (rb, tb) = asyncio.run(_run(policy, _late_second, replicas=2, max_wait_ms=5))
+    (ra, ta), (rb, tb) = asyncio.run(with_batcher(policy, _late_second, replicas=2, max_wait_ms=5))
     calls = {c[4][0]: c for c in policy.journal.calls}
     assert calls["a"][0] == 0 and calls["b"][0] == 1  # b ran on the replica, beside a's call
     assert calls["b"][2] < calls["a"][3]  # b started before a's call ended
@@ -106,7 +98,7 @@ def test_a_request_arriving_during_a_call_starts_on_a_second_replica() -> None:
 
 def test_with_one_worker_the_late_request_waits_for_the_running_call() -> None:
     policy = SlowReplicable(0.3)
-    asyncio.run(_run(policy, _late_second, replicas=1, max_wait_ms=5))
+    asyncio.run(with_batcher(policy, _late_second, replicas=1, max_wait_ms=5))
     calls = {c[4][0]: c for c in policy.journal.calls}
     assert calls["b"][2] >= calls["a"][3] and policy.journal.overlapping() == 1
     assert len(policy.replicas) == 1  # replicas=1 makes no copy
@@ -122,7 +114,7 @@ def test_one_clients_requests_never_run_at_once_and_stay_in_order() -> None:
         second = asyncio.ensure_future(b.submit(obs("x2"), "x"))
         return [await first, await second]
 
-    asyncio.run(_run(policy, go, replicas=2, max_wait_ms=5))
+    asyncio.run(with_batcher(policy, go, replicas=2, max_wait_ms=5))
     calls = {c[4][0]: c for c in policy.journal.calls}
     assert calls["x2"][2] >= calls["x1"][3] and policy.journal.overlapping() == 1
 
@@ -141,7 +133,7 @@ def test_running_peers_are_not_waited_for() -> None:
         await running
         return timing.queue_ms
 
-    queue_ms = asyncio.run(_run(policy, go, replicas=2, max_wait_ms=300))
+    queue_ms = asyncio.run(with_batcher(policy, go, replicas=2, max_wait_ms=300))
     assert queue_ms < 150  # not the 300 ms window: b left at once (its call alone takes 400 ms)
 
 
@@ -151,7 +143,7 @@ def test_flat_clients_still_fill_one_batch_with_replicas() -> None:
     async def go(b: DynamicBatcher) -> None:
         await asyncio.gather(*(b.submit(obs(f"c{i}"), f"c{i}") for i in range(6)))
 
-    asyncio.run(_run(policy, go, replicas=2, max_batch_size=8, max_wait_ms=200))
+    asyncio.run(with_batcher(policy, go, replicas=2, max_batch_size=8, max_wait_ms=200))
     assert [len(c[4]) for c in policy.journal.calls] == [6]
 
 
@@ -205,5 +197,5 @@ class Guarded(SlowReplicable):
 def test_replicas_call_under_the_policys_guard_and_one_worker_does_not() -> None:
     for replicas, expected in ((2, 2), (1, 0)):
         Guarded.guarded = []
-        asyncio.run(_run(Guarded(0.05), _late_second, replicas=replicas, max_wait_ms=5))
+        asyncio.run(with_batcher(Guarded(0.05), _late_second, replicas=replicas, max_wait_ms=5))
         assert len(Guarded.guarded) == expected
