@@ -31,6 +31,8 @@ def command(
     ),
     vector_mode: str = RECORD.option("vector_mode"),
     videos: bool = RECORD.option("use_videos", "--videos/--no-videos"),
+    cameras: bool = RECORD.option("cameras", "--cameras/--no-cameras"),
+    expert_noise: float = RECORD.option("expert_noise"),
     max_steps: Optional[int] = RECORD.option("max_steps"),
     repo_id: str = RECORD.option("repo_id"),
     image_writer_threads: int = RECORD.option("image_writer_threads"),
@@ -45,6 +47,7 @@ def command(
     \b
     Example:
         cosmos-robot record --tasks reach,push,pick_place,open_drawer --episodes-per-task 50 --out data/tabletop
+        cosmos-robot record --suite driving --no-cameras --max-steps 100 --episodes-per-task 100 --out data/driving
     """
     from rich.console import Console
 
@@ -63,6 +66,8 @@ def command(
             only_success=only_success,
             vector_mode=vector_mode,
             use_videos=videos,
+            cameras=cameras,
+            expert_noise=expert_noise,
             max_steps=max_steps,
             repo_id=repo_id,
             image_writer_threads=image_writer_threads,

@@ -43,17 +43,7 @@ from typing import Any
 from cosmos_robot.data.background import BackgroundWriter
 from cosmos_robot.data.local import IncompleteDatasetError, check_local_dataset, killed_message, read_sidecar
 from cosmos_robot.data.rollouts import Episode, EpisodeSpec, build_schedule, run_rollouts
-from cosmos_robot.data.schema import (
-    ACTION,
-    CAMERAS,
-    FPS,
-    OBJECT_STATE,
-    ROBOT_TYPE,
-    SIDECAR,
-    STATE,
-    camera_key,
-    demo_features,
-)
+from cosmos_robot.data.schema import ACTION, DEMO_LAYOUTS, SIDECAR, DemoLayout, camera_key, demo_layout
 from cosmos_robot_envs.eval.config import check_rollout_fields
 
 __all__ = [
@@ -76,7 +66,9 @@ class RecordConfig:
 
     tasks: tuple[str, ...] = ()  # task names of the suite; empty = all of them
     episodes_per_task: int = 50  # rollouts attempted per task (failures are dropped with only_success)
-    suite: str = "tabletop"  # env suite
+    suite: str = "tabletop"  # env suite with scripted experts (schema.DEMO_LAYOUTS): tabletop, driving
+    cameras: bool = True  # record the suite's cameras (False: vectors only, nothing rendered)
+    expert_noise: float = 0.0  # DART-style: perturb the executed actions by this scale, store clean labels (driving)
     num_envs: int = 4  # envs stepped in lockstep
     image_size: int = 128  # camera images are image_size x image_size pixels
     seed: int = 0  # base seed; episode seeds derive from it (SEED_RULE)
@@ -92,6 +84,8 @@ class RecordConfig:
         check_rollout_fields(self, ("episodes_per_task", "num_envs", "image_size"))
         if self.image_writer_threads < 0:
             raise ValueError(f"image_writer_threads: expected >= 0, got {self.image_writer_threads}")
+        if self.expert_noise < 0:
+            raise ValueError(f"expert_noise: expected >= 0, got {self.expert_noise}")
         if "/" not in self.repo_id:
             raise ValueError(f"repo_id: expected 'owner/name' (LeRobot's form), got {self.repo_id!r}")
 
@@ -157,12 +151,14 @@ def prepare_out_dir(out: Path, overwrite: bool, config: RecordConfig | None = No
 
 
 def _config_diffs(saved: dict[str, Any], config: RecordConfig) -> list[str]:
-    """``name: saved X, now Y`` for each field but ``RUNTIME_FIELDS`` that differs."""
+    """``name: saved X, now Y`` for each field but ``RUNTIME_FIELDS`` that differs (a field the saved
+    config predates counts as its default: recordings made before it existed recorded that)."""
     now = {**asdict(config), "tasks": list(config.tasks)}
+    default = asdict(RecordConfig())
     return [
-        f"{name}: saved {saved.get(name)!r}, now {now[name]!r}"
+        f"{name}: saved {saved.get(name, default[name])!r}, now {now[name]!r}"
         for name in now
-        if name not in RUNTIME_FIELDS and saved.get(name) != now[name]
+        if name not in RUNTIME_FIELDS and saved.get(name, default[name]) != now[name]
     ]
 
 
@@ -177,8 +173,8 @@ def load_sidecar(root: str | Path) -> dict[str, Any]:
 
 def _frame(ep: Episode, t: int, cameras: Sequence[str]) -> dict[str, Any]:
     frame: dict[str, Any] = {camera_key(cam): ep.images[cam][t] for cam in cameras}
-    frame[STATE] = ep.states[t]
-    frame[OBJECT_STATE] = ep.object_states[t]
+    for key, seq in ep.vectors.items():
+        frame[f"observation.{key}"] = seq[t]
     frame[ACTION] = ep.actions[t]
     frame["task"] = ep.prompt
     return frame
@@ -204,6 +200,7 @@ class _Sink:
         self, dataset: Any, config: RecordConfig, callbacks: RecordCallbacks, previous: dict[str, Any] | None
     ) -> None:
         self.dataset, self.config, self.callbacks = dataset, config, callbacks
+        self.cameras = _cameras(config)
         self.kept: list[dict[str, Any]] = list(previous["episodes"]) if previous else []
         self.dropped: list[dict[str, Any]] = list(previous["dropped_episodes"]) if previous else []
         self.resumed = len(self.kept) + len(self.dropped)
@@ -213,7 +210,7 @@ class _Sink:
         keep = ep.frames > 0 and (ep.success or not self.config.only_success)
         if keep:
             for t in range(ep.frames):
-                self.dataset.add_frame(_frame(ep, t, CAMERAS))
+                self.dataset.add_frame(_frame(ep, t, self.cameras))
             self.dataset.save_episode()
             self.kept.append({"episode_index": len(self.kept), **_episode_row(ep)})  # LeRobot's episode_index
             self.frames += ep.frames
@@ -261,10 +258,11 @@ def record_demonstrations(
     from cosmos_robot_envs.eval import get_suite
 
     out = Path(out_dir)
-    if config.suite != "tabletop":
+    layout = demo_layout(config.suite)
+    if config.expert_noise > 0 and layout.perturb_factory is None:
         raise ValueError(
-            f"suite {config.suite!r}: `record` rolls out the scripted experts, which exist for the tabletop suite "
-            "only; LIBERO's demonstrations are published as LeRobot datasets (e.g. the lerobot/libero_* ones)"
+            f"expert_noise: suite {config.suite!r} has no action perturbation for its experts; "
+            f"suites with one: {sorted(n for n, lay in DEMO_LAYOUTS.items() if lay.perturb_factory)}"
         )
     suite = get_suite(config.suite)
     config = RecordConfig(**{**asdict(config), "tasks": suite.resolve_tasks(config.tasks)})
@@ -287,7 +285,7 @@ def record_demonstrations(
         _write_sidecar(out, _sidecar(config, sink, len(schedule), "recording", 0.0, command))  # until it ends
         sink.callbacks.start(len(todo))
         if todo:
-            _roll_out(config, suite, todo, sink)
+            _roll_out(config, layout, todo, sink)
         status = "complete"
     finally:
         with _sigint_deferred():  # a Ctrl-C now would leave LeRobot's files half closed
@@ -311,35 +309,40 @@ def _open_dataset(config: RecordConfig, out: Path, *, resume: bool) -> Any:
     """A LeRobot dataset in write mode: created, or an interrupted one reopened (from disk only)."""
     from lerobot.datasets.lerobot_dataset import LeRobotDataset
 
-    threads = 0 if config.use_videos else config.image_writer_threads
+    layout = demo_layout(config.suite)
+    threads = 0 if config.use_videos or not config.cameras else config.image_writer_threads
     if resume:  # prepare_out_dir checked every file: LeRobot has no reason to look at the hub
         return LeRobotDataset.resume(
             config.repo_id, root=out, image_writer_threads=threads, streaming_encoding=config.use_videos
         )
     return LeRobotDataset.create(
         config.repo_id,
-        fps=FPS,
-        features=demo_features(config.image_size, config.use_videos),
+        fps=layout.fps,
+        features=layout.features(config.image_size, config.use_videos, config.cameras),
         root=out,
-        robot_type=ROBOT_TYPE,
+        robot_type=layout.robot_type,
         use_videos=config.use_videos,
         image_writer_threads=threads,
         streaming_encoding=config.use_videos,  # encode while recording: no PNG staging, no ffmpeg subprocess
     )
 
 
-def _roll_out(config: RecordConfig, suite: Any, todo: Sequence[EpisodeSpec], sink: _Sink) -> None:
-    """Roll out ``todo`` on the suite's envs, writing each finished episode on the writer thread."""
+def _cameras(config: RecordConfig) -> tuple[str, ...]:
+    return demo_layout(config.suite).cameras if config.cameras else ()
+
+
+def _roll_out(config: RecordConfig, layout: DemoLayout, todo: Sequence[EpisodeSpec], sink: _Sink) -> None:
+    """Roll out ``todo`` on the layout's envs, writing each finished episode on the writer thread."""
     from cosmos_robot_envs.vector import make_vector_env
 
     venv = make_vector_env(
-        suite.make_env(config.tasks, config.image_size, config.max_steps, True),
+        layout.make_env(config.tasks, config.image_size, config.max_steps, config.cameras),
         num_envs=min(config.num_envs, len(todo)),
         mode=config.vector_mode,  # type: ignore[arg-type]
     )
     try:
         with BackgroundWriter(sink.write, max_pending=2 * venv.num_envs) as writer:
-            for ep in run_rollouts(venv, todo, CAMERAS):
+            for ep in run_rollouts(venv, todo, _cameras(config), layout, config.expert_noise):
                 writer.put(ep)
     finally:
         venv.close()
@@ -386,10 +389,7 @@ def _sidecar(
             "episodes_per_min": round(60 * (counts["rolled_out"] - sink.resumed) / wall_s, 2) if wall_s > 0 else 0.0,
             "frames_per_s": round((sink.frames - sink.resumed_frames) / wall_s, 2) if wall_s > 0 else 0.0,
         },
-        "privileged_features": {
-            OBJECT_STATE: "simulator state (object pose, goal, drawer opening, task one-hot) the experts act "
-            "from; for RL critics and analysis, not a deployable policy input"
-        },
+        "privileged_features": dict(demo_layout(config.suite).privileged),
         "episodes": sink.kept,  # dataset episode_index -> task, index within the task, reset seed, length
         "dropped_episodes": sink.dropped,
         "versions": _versions(),
@@ -408,7 +408,7 @@ def _versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     found = {"python": sys.version.split()[0]}
-    for dist in ("cosmos-robot", "cosmos-robot-envs", "lerobot", "mujoco"):
+    for dist in ("cosmos-robot", "cosmos-robot-envs", "lerobot", "mujoco", "highway-env"):
         try:
             found[dist] = version(dist)
         except PackageNotFoundError:

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from cosmos_robot.data.schema import TABLETOP, DemoExpert, DemoLayout, Perturb
 from cosmos_robot_envs.episodes import EpisodeHooks, EpisodeOutcome, EpisodeScheduler, LiveEpisode, obs_row
-from cosmos_robot_envs.tabletop.experts import ScriptedExpert, scripted_expert
 from cosmos_robot_envs.vector import BatchedEnv
 
 __all__ = ["Episode", "EpisodeSpec", "build_schedule", "demo_seed", "run_rollouts"]
@@ -63,9 +63,8 @@ class Episode:
 
     spec: EpisodeSpec
     prompt: str = ""
-    images: dict[str, list[np.ndarray]] = field(default_factory=dict)
-    states: list[np.ndarray] = field(default_factory=list)
-    object_states: list[np.ndarray] = field(default_factory=list)
+    images: dict[str, list[np.ndarray]] = field(default_factory=dict)  # camera -> frames
+    vectors: dict[str, list[np.ndarray]] = field(default_factory=dict)  # observation key (state, ...) -> frames
     actions: list[np.ndarray] = field(default_factory=list)
     success: bool = False
     reason: str | None = None  # None on success; "max_steps", "worker_crashed", ... otherwise
@@ -76,7 +75,7 @@ class Episode:
         return len(self.actions)
 
     def drop_last_frame(self) -> None:
-        for seq in (self.states, self.object_states, self.actions, *self.images.values()):
+        for seq in (self.actions, *self.vectors.values(), *self.images.values()):
             if seq:
                 seq.pop()
 
@@ -84,31 +83,39 @@ class Episode:
 class _ExpertHooks(EpisodeHooks[EpisodeSpec]):
     """The scripted expert decides one action per step; every (observation, action) pair is a frame."""
 
-    def __init__(self, cameras: Sequence[str]) -> None:
-        self.cameras = list(cameras)
-        self.running: dict[int, tuple[Episode, ScriptedExpert]] = {}  # by schedule position
+    def __init__(self, layout: DemoLayout, cameras: Sequence[str], expert_noise: float = 0.0) -> None:
+        self.layout, self.cameras, self.expert_noise = layout, list(cameras), float(expert_noise)
+        self.running: dict[int, tuple[Episode, DemoExpert]] = {}  # by schedule position
+        self.perturb: dict[int, tuple[Perturb, np.random.Generator]] = {}  # by schedule position (expert_noise > 0)
         self.done: dict[int, Episode] = {}  # finished, by schedule position, until handed out
 
     def started(self, ep: LiveEpisode[EpisodeSpec], obs: dict[str, Any], info: dict[str, Any]) -> None:
-        expert = scripted_expert(ep.spec.task)
+        expert = self.layout.expert(ep.spec.task)
         expert.reset()
-        self.running[ep.position] = (Episode(ep.spec, prompt=str(obs["prompt"])), expert)
+        self.running[ep.position] = (Episode(ep.spec, prompt=_prompt(obs, ep.spec)), expert)
+        if self.expert_noise > 0 and self.layout.perturb_factory is not None:
+            # the episode's own stream: the same seed perturbs the same way whatever env runs it
+            self.perturb[ep.position] = (self.layout.perturb_factory(), np.random.default_rng(ep.spec.seed))
 
     def decide(self, episodes: Sequence[LiveEpisode[EpisodeSpec]], obs: Any) -> np.ndarray:
         actions = []
         for ep in episodes:
             episode, expert = self.running[ep.position]
             row = obs_row(obs, ep.row)
-            action = np.asarray(expert.act({"state": row["state"], "object_state": row["object_state"]}))
-            _append(episode, row, action, self.cameras)
+            action = np.asarray(expert.act(row), dtype=np.float32)
+            _append(episode, row, action, self.layout.vectors, self.cameras)  # the clean label
+            if ep.position in self.perturb:
+                perturb, rng = self.perturb[ep.position]
+                action = np.asarray(perturb(action, self.expert_noise, rng), dtype=np.float32)
             actions.append(action[None])
         return np.stack(actions).astype(np.float32)
 
     def ended(self, outcomes: Sequence[EpisodeOutcome[EpisodeSpec]], obs: Any) -> None:
         for outcome in outcomes:
+            self.perturb.pop(outcome.position, None)
             started = self.running.pop(outcome.position, None)
             # a failed reset never started: an empty failed episode (its prompt row is stale)
-            ep = started[0] if started else Episode(outcome.spec, prompt=str(obs["prompt"][outcome.row]))
+            ep = started[0] if started else Episode(outcome.spec, prompt=_prompt(obs, outcome.spec, outcome.row))
             ep.success = outcome.success
             if outcome.infra_failure and started:
                 ep.drop_last_frame()  # that action never ran to completion
@@ -117,12 +124,20 @@ class _ExpertHooks(EpisodeHooks[EpisodeSpec]):
             self.done[outcome.position] = ep
 
 
-def run_rollouts(venv: BatchedEnv, schedule: Sequence[EpisodeSpec], cameras: Sequence[str]) -> Iterator[Episode]:
+def run_rollouts(
+    venv: BatchedEnv,
+    schedule: Sequence[EpisodeSpec],
+    cameras: Sequence[str],
+    layout: DemoLayout = TABLETOP,
+    expert_noise: float = 0.0,
+) -> Iterator[Episode]:
     """Roll the scripted expert out for every ``schedule`` entry; yield episodes in schedule order.
 
-    ``venv`` must hold multi-task envs with ``obs_mode="all"`` (cameras plus ``object_state``).
+    ``venv`` must hold the layout's multi-task envs, observing what its expert reads (tabletop:
+    ``object_state``) and ``cameras``. ``expert_noise`` > 0 executes perturbed actions (the layout's
+    ``perturb_factory``) while recording the expert's clean ones.
     """
-    hooks = _ExpertHooks(cameras)
+    hooks = _ExpertHooks(layout, cameras, expert_noise)
     next_out = 0
     for _ in EpisodeScheduler[EpisodeSpec](venv, replan_steps=1).episodes(schedule, hooks):
         while next_out in hooks.done:
@@ -130,9 +145,18 @@ def run_rollouts(venv: BatchedEnv, schedule: Sequence[EpisodeSpec], cameras: Seq
             next_out += 1
 
 
-def _append(ep: Episode, obs: dict[str, Any], action: np.ndarray, cameras: Sequence[str]) -> None:
+def _prompt(obs: Any, spec: EpisodeSpec, row: int | None = None) -> str:
+    """The episode's instruction: the env's ``prompt``, or the task name for a suite without one (driving)."""
+    if "prompt" not in obs:
+        return spec.task
+    return str(obs["prompt"] if row is None else obs["prompt"][row])
+
+
+def _append(
+    ep: Episode, obs: dict[str, Any], action: np.ndarray, vectors: Sequence[str], cameras: Sequence[str]
+) -> None:
     for cam in cameras:
         ep.images.setdefault(cam, []).append(np.array(obs[cam], dtype=np.uint8))
-    ep.states.append(np.array(obs["state"], dtype=np.float32))
-    ep.object_states.append(np.array(obs["object_state"], dtype=np.float32))
+    for key in vectors:
+        ep.vectors.setdefault(key, []).append(np.array(obs[key], dtype=np.float32))
     ep.actions.append(np.array(action, dtype=np.float32))

@@ -155,6 +155,6 @@ def test_background_writer_keeps_order_and_reraises_errors() -> None:
 
 
 def test_suites_without_scripted_experts_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="scripted experts, which exist for the tabletop suite only"):
+    with pytest.raises(ValueError, match=r"scripted experts, which exist for \['driving', 'tabletop'\] only; LIBERO"):
         record_demonstrations(RecordConfig(suite="libero_spatial"), tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -33,6 +33,9 @@ class FlowConfig(StrictModel):
     state_dim: int = Field(
         default=8, ge=1
     )  # length of the concatenated state (tabletop: eef pos 3, axis-angle 3, fingers 2; + object_state 15)
+    # read the instruction (wire key "prompt"); False: a prompt-free policy (driving planners, whose
+    # AlpaSim requests carry none): no prompt on the wire, the model embeds the empty instruction
+    read_prompt: bool = True
     action_dim: int = Field(default=7, ge=1)  # action length per step (tabletop: dpos 3, drot 3, gripper 1)
     chunk_size: int = Field(default=10, ge=1)  # H: action rows the model predicts per call (steps; was `horizon`)
     num_flow_steps: int = Field(default=10, ge=1)  # K: Euler steps of the denoising ODE (serving) and of SDE rollouts

@@ -178,7 +178,9 @@ class FlowModel(RLModel):
         state = batch["state"]
         if state.ndim != 2 or state.shape[1] != cfg.state_dim:
             raise ValueError(f"state: expected shape (B, {cfg.state_dim}), got {tuple(state.shape)}")
-        if "text_ids" in batch:
+        if not cfg.read_prompt:  # a prompt-free policy: whatever the batch says, the empty instruction
+            ids, offsets = encode_prompts([""] * state.shape[0], cfg.text_buckets)
+        elif "text_ids" in batch:
             ids, offsets = batch["text_ids"], batch["text_offsets"]
         elif "prompt" in batch:
             ids, offsets = encode_prompts(batch["prompt"], cfg.text_buckets)

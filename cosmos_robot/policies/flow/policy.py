@@ -117,7 +117,7 @@ def collate_observations(
     if state.shape[1:] != (config.state_dim,):
         keys = " + ".join(f"observation/{k}" for k in config.state_keys)
         raise ValueError(f"state: {keys} has {state.shape[1:]} values, the policy expects ({config.state_dim},)")
-    ids, offsets = encode_prompts([str(item["prompt"]) for item in items], config.text_buckets)
+    ids, offsets = encode_prompts([str(item.get("prompt", "")) for item in items], config.text_buckets)
     return {
         "images": torch.from_numpy(images).permute(0, 1, 4, 2, 3).contiguous().to(device),
         "state": torch.from_numpy(state).to(device),
@@ -141,8 +141,9 @@ class FlowPolicy(ShapeCounted, BatchPolicy):
         self.stats = _as_stats(stats, self.config)
         self.input_transforms = list(input_transforms or default_input_transforms(self.config, self.stats))
         self.output_transforms = list(output_transforms or default_output_transforms(self.config, self.stats))
-        self._required = [*self.config.wire_keys, "prompt"]
-        self._ignored = IGNORED_KEYS - set(self._required)
+        self._required = [*self.config.wire_keys, *(["prompt"] if self.config.read_prompt else [])]
+        # a prompt-free policy accepts (and ignores) an instruction: clients send one by habit
+        self._ignored = (IGNORED_KEYS | {"prompt"}) - set(self._required)
         self._spec = self._build_spec()
 
     @property
@@ -177,7 +178,8 @@ class FlowPolicy(ShapeCounted, BatchPolicy):
         for key in keys:  # one vector: its length is state_dim; several: the concatenation's is (collate checks)
             shape = (self.config.state_dim,) if len(keys) == 1 else (None,)
             fields[f"observation/{key}"] = ArraySpec(shape, "floating", description=f"{key} vector")
-        fields["prompt"] = TextSpec(description="task instruction")
+        if self.config.read_prompt:
+            fields["prompt"] = TextSpec(description="task instruction")
         return InputSpec(fields, allow_extra=False, ignored_keys=self._ignored)
 
     def _check_keys(self, obs: Mapping[str, Any], index: int) -> None:

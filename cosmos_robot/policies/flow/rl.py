@@ -45,7 +45,11 @@ class FlowRLAdapter(RLAdapter):
     def model_inputs(self, wire: Sequence[Mapping[str, Any]]) -> ModelInputs:
         items = [run_transforms(self.policy.input_transforms, dict(w)) for w in wire]
         batch = collate_observations(items, self.policy.config, self.device)
-        return {"images": batch["images"], "state": batch["state"], "prompt": [str(item["prompt"]) for item in items]}
+        return {
+            "images": batch["images"],
+            "state": batch["state"],
+            "prompt": [str(item.get("prompt", "")) for item in items],
+        }
 
     def env_actions(self, chunks: torch.Tensor) -> np.ndarray:
         acts = chunks.float().cpu().numpy()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -36,7 +36,16 @@ from cosmos_robot_envs.driving.expert import IDMParams, expert_plan
 from cosmos_robot_envs.driving.geometry import TrackerGains, route_points, to_ego, track_plan, vectors_to_ego
 from cosmos_robot_envs.driving.scenarios import SCENARIOS, make_scenario
 
-__all__ = ["AGENT_FIELDS", "DT", "OBS_MODES", "REWARD_PRESETS", "DrivingEnv", "state_layout"]
+__all__ = [
+    "AGENT_FIELDS",
+    "DT",
+    "HISTORY_FIELDS",
+    "OBS_MODES",
+    "REWARD_PRESETS",
+    "DrivingEnv",
+    "reward_terms",
+    "state_layout",
+]
 
 DT = 0.1  # seconds per tick: AlpaSim's planning interval and the control rate
 OBS_MODES = ("state", "camera")
@@ -56,6 +65,28 @@ def state_layout(history: int, route_len: int, agents: int) -> dict[str, tuple[s
         out[name] = (slice(start, start + size), shape)
         start += size
     return out
+
+
+def reward_terms(preset: str, info: Mapping[str, Any]) -> dict[str, float]:
+    """One tick's reward terms of an AlpaGym preset, from the tick's ``info`` (``progress_step``,
+    ``collision``, ``offroad``, ``dist_to_gt``, ``max_steps``); their sum is the tick's reward.
+
+    ``progress_safety``: progress +1 per reference route length (the expert replay's), collision -10,
+    off-road -5, distance to the ground truth -0.01 per metre averaged over the horizon;
+    ``distance_to_gt``: minus the metres to the ground truth averaged over the horizon. One function
+    for the env's own reward and the trainers' reward providers (``cosmos_robot_trainers.rl.rewards``).
+    """
+    dist = float(info["dist_to_gt"]) / int(info["max_steps"])
+    if preset == "progress_safety":
+        return {
+            "progress": float(info["progress_step"]),
+            "collision": -10.0 * bool(info["collision"]),
+            "offroad": -5.0 * bool(info["offroad"]),
+            "dist_to_gt": -0.01 * dist,
+        }
+    if preset == "distance_to_gt":
+        return {"dist_to_gt": -dist}
+    raise ValueError(f"reward preset {preset!r}; choose from {list(REWARD_PRESETS)}")
 
 
 def _wrap(angle: float) -> float:
@@ -234,6 +265,7 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         truncated = not terminated and (self._tick >= self.max_steps or self._route_complete)
         self._done = terminated or truncated
         info = self._info(collision=collision, offroad=offroad, dist=dist, reward_terms=terms)
+        info["progress_step"] = step_m / self._reference_m
         if self._done:  # AlpaGym's episode numbers, carried into eval's records and summaries
             info["episode_metrics"] = {
                 "progress": info["progress"],
@@ -259,14 +291,8 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         return plan.astype(np.float64)
 
     def _reward_terms(self, step_m: float, collision: bool, offroad: bool, dist: float) -> dict[str, float]:
-        if self.reward_preset == "progress_safety":
-            return {
-                "progress": step_m / self._reference_m,
-                "collision": -10.0 * collision,
-                "offroad": -5.0 * offroad,
-                "dist_to_gt": -0.01 * dist / self.max_steps,
-            }
-        return {"dist_to_gt": -dist / self.max_steps}
+        tick = {"progress_step": step_m / self._reference_m, "collision": collision, "offroad": offroad}
+        return reward_terms(self.reward_preset, {**tick, "dist_to_gt": dist, "max_steps": self.max_steps})
 
     # -- observations ------------------------------------------------------------------------
     def _ego_state(self) -> np.ndarray:
@@ -315,6 +341,7 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             "task": self.task,
             "seed": self.seed_used,
             "tick": self._tick,
+            "max_steps": self.max_steps,
             "speed": float(self.ego.speed),
             "progress_m": self._progress_m,
             "progress": self._progress_m / self._reference_m,

@@ -5,11 +5,13 @@ Every function is a pure torch function (no trainer state) documented with its f
 
 - advantage: ``gae``, ``grpo``, ``dr_grpo``, ``nft_optimality`` (plus helpers ``filter_groups`` and
   ``normalize_advantages``);
-- loss: ``ppo``, ``gspo``, ``value``, ``kl``, ``entropy``, ``nft``, ``flow_dpo``.
+- loss: ``ppo``, ``gspo``, ``value``, ``kl``, ``entropy``, ``nft``, ``flow_dpo``;
+- reward: ``env``, ``progress_safety``, ``distance_to_gt`` (per-step reward providers, ``rewards.py``).
 
 ``get("loss", "ppo")`` resolves a name; unknown names raise ``UnknownAlgorithmError`` with a suggestion.
 """
 
+from cosmos_robot_trainers.algorithms import rewards  # noqa: F401  (registers the reward providers)
 from cosmos_robot_trainers.algorithms.advantages import (
     dr_grpo,
     filter_groups,

@@ -1,6 +1,7 @@
-"""A tiny name -> function registry for advantage estimators and losses (STYLE.md item 8).
+"""A tiny name -> function registry for advantage estimators, losses and reward providers (STYLE.md item 8).
 
-Recipes name algorithms by string (``advantage = "gae"``, ``loss = "ppo"``); the trainer resolves them
+Recipes name algorithms by string (``advantage = "gae"``, ``loss = "ppo"``, ``reward.provider =
+"progress_safety"``); the trainer resolves them
 with ``get(kind, name)``. An unknown name raises ``UnknownAlgorithmError`` (a ``ValueError``) that lists
 the registered names and suggests the closest one.
 """
@@ -11,7 +12,7 @@ import difflib
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-KINDS = ("advantage", "loss")
+KINDS = ("advantage", "loss", "reward")
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -46,6 +46,7 @@ class EvalHookConfig(EvalSchedule):
     tasks: list[str] = Field(default_factory=list)  # task names (empty: the whole suite)
     replan_steps: int = Field(default=5, ge=1)  # actions executed from each chunk
     image_size: int = Field(default=128, ge=8)  # camera side the envs render (the policy resizes)
+    max_steps: int | None = Field(default=None, ge=1)  # cap on env steps per episode (None: each task's own)
 
 
 def evaluate_policy(
@@ -67,6 +68,7 @@ def evaluate_policy(
         replan_steps=cfg.replan_steps,
         seed=cfg.seed,
         image_size=cfg.image_size,
+        max_steps=cfg.max_steps,
         vector_mode=cfg.vector_mode,
         video_episodes=0,
     )

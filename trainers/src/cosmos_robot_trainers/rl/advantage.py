@@ -19,6 +19,7 @@ from cosmos_robot_trainers.rl.rollout import Rollout
 __all__ = [
     "Advantages",
     "dpo_pairs",
+    "episode_scores",
     "episode_layout",
     "group_advantages",
     "nft_advantages",
@@ -89,14 +90,20 @@ def whiten(adv: torch.Tensor, rollout: Rollout, over: str) -> torch.Tensor:
     return out
 
 
-def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
-    """GRPO / Dr-GRPO advantages of each episode's success within its group, broadcast to its decisions.
+def episode_scores(rollout: Rollout, algo: AlgoConfig) -> torch.Tensor:
+    """(E,) what a group compares its episodes by (``algo.group_score``): success, or the summed reward."""
+    return (rollout.ep_success if algo.group_score == "success" else rollout.ep_return).clone()
 
-    Episodes whose worker crashed do not count; with ``filter_groups`` groups whose episodes all
-    succeeded or all failed are dropped (their advantages are all zero anyway, they only dilute).
+
+def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
+    """GRPO / Dr-GRPO advantages of each episode's score within its group, broadcast to its decisions.
+
+    The score is success or (AlpaGym) the episode's summed reward (``episode_scores``). Episodes whose
+    worker crashed do not count; with ``filter_groups`` groups whose episodes all scored the same are
+    dropped (their advantages are all zero anyway, they only dilute).
     """
     ok = ~rollout.ep_failed
-    returns = rollout.ep_success.clone()
+    returns = episode_scores(rollout, algo)
     groups = rollout.ep_group.clone()
     groups[~ok] = -1 - torch.arange(int((~ok).sum()))  # a crashed episode is its own (filtered) group
     ep_adv = get_algorithm("advantage", algo.advantage)(returns, groups)
@@ -113,24 +120,26 @@ def nft_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
     """DiffusionNFT's optimality probability r per decision (from the group advantage of its episode)."""
     grp = group_advantages(rollout, algo)
     r = get_algorithm("advantage", "nft_optimality")(grp.advantages, a_max=algo.nft_a_max)
-    if algo.group_size == 1:  # no groups: baseline is the batch's mean success
-        adv = rollout.ep_success - rollout.ep_success.mean()
+    if algo.group_size == 1:  # no groups: baseline is the batch's mean score
+        scores = episode_scores(rollout, algo)
+        adv = scores - scores.mean()
         r = get_algorithm("advantage", "nft_optimality")(adv[rollout.episode] * algo.nft_a_max, a_max=algo.nft_a_max)
         grp.keep = ~rollout.ep_failed[rollout.episode]
     return Advantages(r, None, grp.keep, grp.stats)
 
 
 def dpo_pairs(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -> torch.Tensor:
-    """``(P, 2)`` episode pairs (winner, loser): a success and a failure from the same initial state."""
+    """``(P, 2)`` episode pairs (winner, loser) from the same initial state: with ``group_score``
+    "success" a success and a failure; with "return" any two episodes whose returns differ, the
+    higher one winning."""
     pairs: list[tuple[int, int]] = []
     ok = ~rollout.ep_failed
+    scores = episode_scores(rollout, algo)
     for group in torch.unique(rollout.ep_group).tolist():
-        members = torch.nonzero((rollout.ep_group == group) & ok).flatten()
-        wins = members[rollout.ep_success[members] > 0.5]
-        losses = members[rollout.ep_success[members] <= 0.5]
-        if len(wins) == 0 or len(losses) == 0:
+        members = torch.nonzero((rollout.ep_group == group) & ok).flatten().tolist()
+        all_pairs = [(w, lo) for w in members for lo in members if scores[w] > scores[lo]]
+        if not all_pairs:
             continue
-        all_pairs = [(int(w), int(lo)) for w in wins for lo in losses]
         order = torch.randperm(len(all_pairs), generator=generator)[: algo.dpo_pairs_per_group]
         pairs.extend(all_pairs[i] for i in order.tolist())
     return torch.tensor(pairs, dtype=torch.long).reshape(-1, 2)

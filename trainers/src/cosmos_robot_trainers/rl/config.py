@@ -16,7 +16,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from cosmos_robot.config import StrictModel
 from cosmos_robot.policies.flow.sampling import SampleMode
@@ -126,10 +126,21 @@ class RolloutConfig(StrictModel):
 
 
 class RewardConfig(StrictModel):
-    """The MDP reward: the env's sparse success reward plus optional potential-based progress shaping."""
+    """The MDP reward: a registered provider's step reward (scaled) plus optional potential-based shaping."""
 
-    success_coef: float = Field(default=1.0, gt=0)  # reward for the step that succeeds (the env's sparse reward)
+    # per-step reward provider (algorithms/rewards.py): "env" (the env's own: tabletop's sparse success),
+    # or a driving preset: "progress_safety", "distance_to_gt" (AlpaGym's)
+    provider: str = "env"
+    success_coef: float = Field(default=1.0, gt=0)  # scale of the provider's reward (env: the success step's)
     shaping_coef: float = Field(default=0.0, ge=0)  # c in c * (phi(s') - phi(s)), phi = info["dense_reward"]
+
+    @field_validator("provider")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        from cosmos_robot_trainers.algorithms import get
+
+        get("reward", value)  # UnknownAlgorithmError (a ValueError) lists the registered providers
+        return value
 
 
 class AlgoConfig(StrictModel):
@@ -163,7 +174,10 @@ class AlgoConfig(StrictModel):
     policy_loss: Literal["ppo", "gspo"] = "ppo"  # grpo: per-decision clipped ratio or GSPO sequence ratio
     gspo_clip_low: float = Field(default=3e-4, gt=0)  # grpo + gspo: lower clip of the sequence ratio
     gspo_clip_high: float = Field(default=4e-4, gt=0)  # grpo + gspo: upper clip of the sequence ratio
-    filter_groups: bool = True  # grpo, nft: drop groups whose episodes all succeeded or all failed
+    # grpo, nft, dpo: what a group compares its episodes by: "success" (0 / 1) or "return" (the summed
+    # provider reward: AlpaGym's one episode-level reward, broadcast as the advantage to every tick)
+    group_score: Literal["success", "return"] = "success"
+    filter_groups: bool = True  # grpo, nft: drop groups whose episodes all scored the same
     nft_beta: float = Field(default=1.0, gt=0)  # nft: guidance strength beta of v+/v-
     nft_a_max: float = Field(default=5.0, gt=0)  # nft: advantage clip A_max of the optimality probability
     nft_old_decay: float = Field(default=0.0, ge=0, lt=1)  # nft: EMA of the "old" policy (0: the rollout policy)
@@ -216,6 +230,7 @@ class EvalConfig(EvalSchedule):
     final_episodes_per_task: int | None = Field(default=25, ge=1)  # episodes per task of the final evaluation
     num_envs: int = Field(default=8, ge=1)  # envs in lockstep
     vector_mode: Literal["sync", "async"] = "async"
+    max_steps: int | None = Field(default=None, ge=1)  # cap on env steps per episode (None: each task's own)
 
 
 class RLConfig(StrictModel):

@@ -19,11 +19,12 @@ whole denoising chain, the Flow-SDE step index, the old log-prob and value, the 
 episode-end flags and, for a time-limit truncation, the value of the final observation (truncation
 bootstrapping, checklist item 7).
 
-Reward: ``success_coef`` times the env's sparse success reward, plus, with ``shaping_coef`` c > 0,
+Reward: ``success_coef`` times the step reward of the recipe's provider (``reward.provider``: the env's
+own sparse success reward, or a driving preset computed from the step's info), plus, with ``shaping_coef`` c > 0,
 potential-based progress shaping c * (phi(s') - phi(s)) with phi = the env's ``info["dense_reward"]``
 (a task-progress measure in [0, 1], 1 on success). Over an episode the shaping telescopes to
 c * (phi(last) - phi(first)): it pays for progress, never for dawdling, and success still dominates.
-Episode success and return statistics always use the unshaped env reward.
+Episode success and return statistics always use the unshaped, unscaled provider reward.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from cosmos_robot_envs.episodes import EpisodeHooks, EpisodeOutcome, EpisodeSche
 from cosmos_robot_envs.eval import get_suite
 from cosmos_robot_envs.eval.suites import LIBERO_INIT_STATES
 from cosmos_robot_envs.vector import BatchedEnv, EnvFactory, make_vector_env
+from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.rl.config import RLConfig
 from cosmos_robot_trainers.rl.critic import CRITIC_OBS, critic_obs
 from cosmos_robot_trainers.rl.policies import RLAdapter as RLPolicy
@@ -288,7 +290,8 @@ class RolloutWorker:
         wire = []
         for row in rows:
             w: dict[str, Any] = {f"observation/{k}": v for k, v in row.items() if isinstance(v, np.ndarray)}
-            w["prompt"] = str(row["prompt"])
+            if "prompt" in row:  # a suite without instructions (driving) has none
+                w["prompt"] = str(row["prompt"])
             wire.append(w)
         inputs = self.policy.model_inputs(wire)
         if self.config.algo.critic_inputs == "privileged":
@@ -366,12 +369,15 @@ class _RolloutHooks(EpisodeHooks[EpisodeSpec]):
     def __init__(self, worker: RolloutWorker, generator: torch.Generator, rec: _Recorder) -> None:
         self.worker, self.generator, self.rec = worker, generator, rec
         self.reward_cfg = worker.config.reward
+        self.provider = get_algorithm("reward", self.reward_cfg.provider)
+        self.returns: dict[int, float] = {}  # episode position -> the provider's summed reward so far
         self.current: dict[int, tuple[_Decision, int]] = {}  # episode position -> (decision, row in it)
         self.potential: dict[int, float] = {}  # episode position -> info["dense_reward"] of its latest obs
         self.episode_noise: dict[int, torch.Tensor] = {}  # episode position -> its start noise ("episode")
 
     def started(self, ep: LiveEpisode[EpisodeSpec], obs: dict[str, Any], info: dict[str, Any]) -> None:
         self.potential[ep.position] = float(info.get("dense_reward", 0.0))
+        self.returns[ep.position] = 0.0
         if self.worker.start_noise == "episode":
             cfg = self.worker.policy.model.config
             self.episode_noise[ep.position] = torch.randn((cfg.chunk_size, cfg.action_dim), generator=self.generator)
@@ -400,7 +406,9 @@ class _RolloutHooks(EpisodeHooks[EpisodeSpec]):
 
     def stepped(self, ep: LiveEpisode[EpisodeSpec], step: Step) -> None:
         d, j = self.current[ep.position]
-        d.shaped[j] += self.reward_cfg.success_coef * step.reward
+        reward = self.provider(step.reward, step.info)
+        self.returns[ep.position] += reward
+        d.shaped[j] += self.reward_cfg.success_coef * reward
         if self.reward_cfg.shaping_coef > 0 and "dense_reward" in step.info:
             phi = float(step.info["dense_reward"])
             d.shaped[j] += self.reward_cfg.shaping_coef * (phi - self.potential[ep.position])
@@ -419,7 +427,8 @@ class _RolloutHooks(EpisodeHooks[EpisodeSpec]):
         for o in outcomes:
             self.potential.pop(o.position, None)
             self.episode_noise.pop(o.position, None)
-            self.rec.episodes[o.spec.index] = (float(o.success), o.episode_return, o.steps, o.infra_failure)
+            ret = self.returns.pop(o.position, 0.0)
+            self.rec.episodes[o.spec.index] = (float(o.success), ret, o.steps, o.infra_failure)
 
     def _record(self, d: _Decision) -> None:
         bootstrap = np.zeros(len(d.episodes), dtype=np.float32)

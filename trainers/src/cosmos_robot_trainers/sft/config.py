@@ -46,11 +46,15 @@ class DataConfig(StrictModel):
     # run's output folder, so by default a recording lives (and moves, with --set output.dir=...) with its run
     root: str = f"{OUTPUT_DIR}/demos"
     record_if_missing: bool = False  # record it with `cosmos-robot record`'s code when `root` does not exist
-    tasks: list[str] = Field(default_factory=lambda: list(TABLETOP_TASKS))  # tabletop tasks to record
+    suite: str = "tabletop"  # the suite whose scripted experts record it (tabletop, driving)
+    tasks: list[str] = Field(default_factory=lambda: list(TABLETOP_TASKS))  # the suite's tasks to record
     episodes_per_task: int = Field(default=50, ge=1)  # scripted-expert episodes recorded per task
     record_image_size: int = Field(default=128, ge=8)  # camera side (pixels) when recording
     record_seed: int = 0  # base seed of the recorded episodes' layouts
     record_num_envs: int = Field(default=2, ge=1)  # envs recording in parallel (speed only)
+    record_cameras: bool = True  # record the suite's cameras (False: vectors only, for camera-free policies)
+    record_expert_noise: float = Field(default=0.0, ge=0)  # DART-style perturbation of the executed actions
+    record_max_steps: int | None = Field(default=None, ge=1)  # cap on each recorded episode's steps (None: the task's)
     max_episodes_per_task: int | None = Field(default=None, ge=1)  # train on only the first N episodes of each task
     task_weighting: Literal["frames", "balanced"] = "frames"  # sample frames uniformly, or each task equally often
 

@@ -54,6 +54,11 @@ def ensure_dataset(cfg: DataConfig, log: Callable[[str], None] = print) -> dict[
         f"at {cfg.record_image_size} px into {root}"
     )
     record = RecordConfig(
+        suite=cfg.suite,
+        cameras=cfg.record_cameras,
+        expert_noise=cfg.record_expert_noise,
+        max_steps=cfg.record_max_steps,
+        repo_id=f"local/cosmos_robot_{cfg.suite}",
         tasks=tuple(cfg.tasks),
         episodes_per_task=cfg.episodes_per_task,
         image_size=cfg.record_image_size,
