@@ -172,3 +172,20 @@ def test_debug_grpo_driving_trains_with_a_healthy_ratio_and_resumes_exactly(tmp_
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     planner = load_policy_folder(full.final_dir)
     assert planner.input_spec.fields.keys() == {"observation/state"}  # servable as a prompt-free planner
+
+
+def test_debug_image_planner_records_trains_and_evaluates(tmp_path: Path) -> None:
+    from cosmos_robot_trainers.sft import SFTConfig, run_sft
+
+    _, config = load_train_recipe("debug_sft_driving", [f"output.dir={json.dumps(str(tmp_path / 'run'))}"])
+    assert isinstance(config, SFTConfig)
+    result = run_sft(config, log=lambda _: None)
+    assert result.final_dir is not None
+    planner = load_policy_folder(result.final_dir)
+    assert planner.input_spec.fields.keys() == {"observation/image", "observation/state"}
+    demo = load_demonstrations(
+        tmp_path / "run" / "demos", chunk_size=1, image_size=16, cameras=("image",), state_keys=("state",)
+    )
+    assert demo.images.shape[1:] == (1, 3, 16, 16)  # the 16 x 64 camera, squeezed as serving resizes it
+    results = sorted((tmp_path / "run" / "eval").rglob("results.json"))
+    assert results and json.loads(results[-1].read_text())["suite"] == "driving"
