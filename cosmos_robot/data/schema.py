@@ -37,6 +37,7 @@ observation row, the env the recorder steps); ``demo_layout(suite)`` looks one u
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -207,18 +208,14 @@ def _driving_features(image_size: int, use_videos: bool, cameras: bool) -> dict[
 
 
 def _driving_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None, cameras: bool) -> Any:
+    from cosmos_robot_envs.eval import get_suite
     from cosmos_robot_envs.vector import EnvFactory
 
+    factory = get_suite("driving").make_env(tasks, image_size, max_steps, cameras)
+    if not isinstance(factory, EnvFactory):
+        raise TypeError(f"the driving suite's make_env returned {type(factory).__name__}, expected an EnvFactory")
     # no ground-truth replay: demonstrations need no distance to it, and it halves the stepping rate
-    kwargs: dict[str, Any] = {
-        "tasks": list(tasks),
-        "obs_mode": "camera" if cameras else "state",
-        "image_size": image_size,
-        "expert_replay": False,
-    }
-    if max_steps is not None:
-        kwargs["max_steps"] = max_steps
-    return EnvFactory("cosmos_robot_envs.driving:CosmosRobot/Driving-v0", kwargs)
+    return dataclasses.replace(factory, kwargs={**factory.kwargs, "expert_replay": False})
 
 
 TABLETOP = DemoLayout(

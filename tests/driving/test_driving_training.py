@@ -189,3 +189,22 @@ def test_debug_image_planner_records_trains_and_evaluates(tmp_path: Path) -> Non
     assert demo.images.shape[1:] == (1, 3, 16, 16)  # the 16 x 64 camera, squeezed as serving resizes it
     results = sorted((tmp_path / "run" / "eval").rglob("results.json"))
     assert results and json.loads(results[-1].read_text())["suite"] == "driving"
+
+
+def test_record_cli_driving_options(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from cosmos_robot.cli import app
+
+    out = tmp_path / "demos"
+    args = ["record", "--suite", "driving", "--tasks", "merge", "--episodes-per-task", "1", "--num-envs", "1",
+            "--vector-mode", "sync", "--no-cameras", "--expert-noise", "0.5", "--max-steps", "6", "--keep-failed",
+            "--repo-id", "local/driving_cli", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    side = json.loads((out / "meta" / "cosmos_robot.json").read_text())
+    assert side["config"]["cameras"] is False and side["config"]["expert_noise"] == 0.5
+    features = json.loads((out / "meta" / "info.json").read_text())["features"]
+    assert "observation.images.image" not in features and features["action"]["shape"] == [40]
+    bad = CliRunner().invoke(app, [*args[:-2], "--out", str(tmp_path / "x"), "--suite", "libero_spatial"])
+    assert bad.exit_code != 0 and "scripted experts" in bad.output
