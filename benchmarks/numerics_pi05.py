@@ -66,6 +66,9 @@ def our_variants(folder: Path, device: str, compile: bool = True) -> dict[str, d
     eager: dict[str, Any] = {"cuda_graphs": False} if device.startswith("cuda") else {}
     variants: dict[str, dict[str, Any]] = {
         "ours fp32": {"dtype": "float32", **eager},
+        "ours fp32, sdpa attention": {"dtype": "float32", "attention": "sdpa", **eager},
+        "ours fp32, math attention": {"dtype": "float32", "attention": "math", **eager},
+        "ours fp32, eager attention": {"dtype": "float32", "attention": "eager", **eager},
         "ours bf16 mixed": {"dtype": "bfloat16", **eager},
         "ours bf16": {"dtype": "bfloat16", "precision": "bf16", **eager},
     }

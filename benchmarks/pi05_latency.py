@@ -11,6 +11,8 @@ Measured per batch size (1 and 8), p50/p99 over ``--iters`` calls, CUDA-synchron
 - ``ours_eager``: ``Pi05Model.generate`` (prefix once with a KV cache, fused SDPA attention);
 - ``ours_graph``: the same captured as one CUDA graph (``GraphedGenerate``);
 - ``ours_infer``: ``Pi05Policy.infer_batch`` from raw observations (LeRobot's processors + the graph);
+  ``ours_infer_frozen``: the same after ``gc.freeze`` of the warm heap, as the server runs (every row
+  reports the garbage collector's pauses during its timed calls);
 - ``server``: our websocket client -> ``PolicyServer`` on loopback -> the policy; batch 8 is 8
   concurrent clients whose requests the server batches.
 
@@ -21,6 +23,7 @@ Measured per batch size (1 and 8), p50/p99 over ``--iters`` calls, CUDA-synchron
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -38,6 +41,7 @@ from timing import measure, server_latency, write_report
 
 from cosmos_robot.policies.pi05.modeling import GemmaSpec, Pi05Architecture, Pi05Model, VisionSpec
 from cosmos_robot.policies.pi05.policy import Pi05Policy
+from cosmos_robot_server.gc_watch import freeze_heap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,6 +243,11 @@ def run_batch(
             graph_out = g(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise).float()
             row["graph_vs_eager_max_abs"] = float((graph_out - ours.float()).abs().max())
         row["ours_infer"] = measure(lambda: graphed.infer_batch(obs), args.iters, dev)
+        # the same with the warm heap frozen, as the server runs it (gc_watch.py): the full
+        # collections that the loaded model's ~500k objects make slow are the suspected tail
+        freeze_heap()
+        row["ours_infer_frozen"] = measure(lambda: graphed.infer_batch(obs), args.iters, dev)
+        gc.unfreeze()
         if not args.skip_lerobot:
             d = eager.action_dim
             diff = (lr_actions[..., :d] - ours.float()[..., :d]).abs()

@@ -137,7 +137,13 @@ def after_ready(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
         text = reply.read().decode()
     found = re.findall(r'^cosmos_robot_after_ready_total\{kind="(\w+)"\} (\S+)$', text, flags=re.M)
-    return {kind: float(value) for kind, value in found}
+    counters = {kind: float(value) for kind, value in found}
+    # the collector's pauses over the server's life (the heap is frozen after warm-up: gc_watch.py)
+    for gen, count in re.findall(r'^cosmos_robot_gc_pause_seconds_count\{generation="(\d)"\} (\S+)$', text, re.M):
+        counters[f"gc_gen{gen}_collections"] = float(count)
+    for gen, total in re.findall(r'^cosmos_robot_gc_pause_seconds_sum\{generation="(\d)"\} (\S+)$', text, re.M):
+        counters[f"gc_gen{gen}_seconds"] = float(total)
+    return counters
 
 
 # -- the load ------------------------------------------------------------------------------------

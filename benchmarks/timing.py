@@ -44,18 +44,32 @@ def p50_p99(times_ms: list[float]) -> dict[str, float]:
     }
 
 
+def gc_pauses(watch: Any) -> dict[str, float]:
+    """A ``GCWatch``'s collections while it ran: how many, and the largest pause (ms) per generation
+    (a full, generation-2 collection stops every thread: docs/benchmarks.md, issue 19)."""
+    out: dict[str, float] = {}
+    for gen, row in watch.summary().items():
+        out[f"gc_{gen}_n"] = row["count"]
+        out[f"gc_{gen}_max_ms"] = row["max_ms"]
+    return out
+
+
 def measure(fn: Callable[[], object], iters: int, device: str, warmup: int = 3) -> dict[str, float]:
-    """p50/p99 in ms of ``iters`` calls of ``fn`` after ``warmup`` calls, synchronised on CUDA."""
+    """p50/p99 in ms of ``iters`` calls of ``fn`` after ``warmup`` calls, synchronised on CUDA, with
+    the garbage collector's pauses during the timed calls."""
+    from cosmos_robot_server.gc_watch import GCWatch
+
     for _ in range(warmup):
         fn()
     _sync(device)
     times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return p50_p99(times)
+    with GCWatch() as watch:
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return {**p50_p99(times), **gc_pauses(watch)}
 
 
 def server_latency(
@@ -83,6 +97,7 @@ def server_latency(
                 with lock:
                     times.append((time.perf_counter() - t0) * 1e3)
 
+        server.core.gc_watch.reset()
         threads = [threading.Thread(target=worker, args=(i,)) for i in range(batch)]
         for t in threads:
             t.start()
@@ -90,6 +105,7 @@ def server_latency(
             t.join()
         for c in clients:
             c.close()
+        pauses = gc_pauses(server.core.gc_watch)  # during the timed requests
     finally:
         server.stop()
-    return p50_p99(times)
+    return {**p50_p99(times), **pauses}

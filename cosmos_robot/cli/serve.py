@@ -132,6 +132,7 @@ def command(
     max_elements: int = SERVER.option("max_elements"),
     header_timeout_s: float = SERVER.option("header_timeout_s"),
     body_timeout_s: float = SERVER.option("body_timeout_s"),
+    gc_freeze: bool = SERVER.option("gc_freeze"),
     device: str = typer.Option("auto", help="Torch device for --ckpt (auto: cuda when available, else cpu)."),
     warmup: str = typer.Option(
         "auto",

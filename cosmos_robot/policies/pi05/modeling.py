@@ -483,7 +483,9 @@ class Pi05Model(nn.Module):
         and head_dim 256 that is cuDNN's or the memory-efficient kernel) or ``"math"`` (two matmuls
         and a float32 softmax, which Inductor fuses under ``compile``). Meant for the flow steps' small
         problems, 400 query rows by ~760 keys, where a fused kernel's fixed cost may dominate; which
-        is faster is for ``benchmarks/pi05_latency.py --attention`` to tell on each GPU."""
+        is faster is for ``benchmarks/pi05_latency.py --attention`` to tell on each GPU), or
+        ``"eager"`` (LeRobot's own op order: K/V repeated per head, matmul, scale, mask, float32
+        softmax; the float32 reference path, ``benchmarks/numerics_pi05.py``)."""
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention {impl!r} is not one of {list(ATTENTION_IMPLS)}")
         self.attention = impl
@@ -493,8 +495,15 @@ class Pi05Model(nn.Module):
         along the query axis (``mask`` already repeats its rows, see ``_additive``)."""
         b, h, n, d = q.shape
         kv = k.shape[1]
-        q = q.reshape(b, kv, (h // kv) * n, d)
         scale = self.arch.vlm.head_dim**-0.5
+        if self.attention == "eager":  # LeRobot's (transformers' Gemma eager) op for op: K/V repeated per head
+            nk = k.shape[2]
+            k = k[:, :, None].expand(b, kv, h // kv, nk, d).reshape(b, h, nk, d)
+            v = v[:, :, None].expand(b, kv, h // kv, nk, d).reshape(b, h, nk, d)
+            scores = torch.matmul(q, k.transpose(2, 3)) * scale + mask[:, :, :n]
+            out = torch.matmul(F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype), v)
+            return out.transpose(1, 2).reshape(b, n, h * d)
+        q = q.reshape(b, kv, (h // kv) * n, d)
         if self.attention == "math":
             scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale + mask.float()
             out = torch.matmul(scores.softmax(dim=-1).to(v.dtype), v)
@@ -571,11 +580,12 @@ class Pi05Model(nn.Module):
         # on the device (no host->device copy inside a CUDA graph capture), in float64 so each time is
         # the float32 rounding of 1 + step * dt, exactly the scalar the loop below fills
         times = (1.0 + torch.arange(num_steps, dtype=torch.float64, device=noise.device) * dt).float()
-        all_mods = self.modulations(times.repeat_interleave(b))
+        # "eager" is LeRobot's op order: one modulation projection per step, at its matrix shapes
+        all_mods = None if self.attention == "eager" else self.modulations(times.repeat_interleave(b))
         x = noise
         for step in range(num_steps):
             t = torch.full((b,), 1.0 + step * dt, dtype=torch.float32, device=x.device)
-            mods = [m[step * b : (step + 1) * b] for m in all_mods]
+            mods = None if all_mods is None else [m[step * b : (step + 1) * b] for m in all_mods]
             x = x + dt * self.velocity(cache, x, t, mods).float()
         return x
 
@@ -644,7 +654,7 @@ def trim_text(tokens: Tensor, token_mask: Tensor, multiple: int = 32) -> tuple[T
 
 
 COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
-ATTENTION_IMPLS = ("sdpa", "math")
+ATTENTION_IMPLS = ("sdpa", "math", "eager")
 
 
 class GraphedGenerate:

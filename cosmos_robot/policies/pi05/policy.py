@@ -133,11 +133,16 @@ def build_processors(lerobot_config: Any, stats: Mapping[str, Mapping[str, Any]]
     return make_policy_processor_pipelines(input_steps=inputs, output_steps=outputs)
 
 
-def resolve_attention(name: str | None, compiled: bool) -> str | None:
-    """``"auto"`` -> what measured fastest on the H200 (docs/benchmarks.md): ``"math"`` where Inductor
-    compiles the chunk (it fuses the matmuls and softmax: 21.0 against 32.4 ms per chunk at batch 1),
-    the fused SDPA kernel otherwise; any other name is passed through (``None``: leave the model's)."""
+def resolve_attention(name: str | None, compiled: bool, float32: bool = False) -> str | None:
+    """``"auto"`` -> ``"eager"`` for a float32 model (LeRobot's own attention op for op: float32 is the
+    reference precision, and on the CPU it makes our chunk bitwise LeRobot's, where the fused kernel
+    differs by 5e-8), else what measured fastest on the H200 (docs/benchmarks.md): ``"math"`` where
+    Inductor compiles the chunk (it fuses the matmuls and softmax: 21.0 against 32.4 ms per chunk at
+    batch 1), the fused SDPA kernel otherwise; any other name is passed through (``None``: leave the
+    model's)."""
     if name == "auto":
+        if float32:
+            return "eager"
         return "math" if compiled else "sdpa"
     if name is not None and name not in ATTENTION_IMPLS:
         raise ValueError(f"attention {name!r} is not one of {['auto', *ATTENTION_IMPLS]}")
@@ -160,7 +165,7 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         cuda_graphs: bool | None = None,
         compile: bool | str = False,
         trim_prompt: bool = False,
-        attention: str | None = None,
+        attention: str | None = "auto",
         compile_backend: str = "inductor",
     ) -> None:
         self.model = model.eval()
@@ -174,7 +179,8 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         use_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
         if use_graphs and self.device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device, it is on {self.device}")
-        attention = resolve_attention(attention, compiled=bool(compile) and use_graphs)
+        float32 = all(stack.compute_dtype == torch.float32 for stack in (model._vlm, model._expert))
+        attention = resolve_attention(attention, compiled=bool(compile) and use_graphs, float32=float32)
         if attention is not None:
             model.set_attention(attention)
         if trim_prompt and not use_graphs:

@@ -56,6 +56,9 @@ class ServerConfig:
     # CPython's GIL hand-off period while serving, in ms (CPython's default is 5): a thread decoding a
     # big request then delays the event loop at most this long per hand-off; None leaves it alone
     gil_switch_interval_ms: float | None = 0.5
+    # once warm, move the heap into the collector's permanent generation (gc.freeze): a full collection
+    # then walks only what serving allocated, not the ~500k objects of a loaded model (gc_watch.py)
+    gc_freeze: bool = True
 
     # -- wire limits (issue 15, transport side): what one connection may cost before its request is
     # decoded; a request over a decode bound is refused with a CodecLimitError naming it

@@ -53,6 +53,7 @@ from cosmos_robot_client.spec import ObservationError
 from cosmos_robot_server.admission import Limits, ServerBusy
 from cosmos_robot_server.batcher import DynamicBatcher, NonFiniteOutput, PolicyError, SessionSlot, Timing
 from cosmos_robot_server.config import ServerConfig
+from cosmos_robot_server.gc_watch import HEAP_FREEZE, GCWatch
 from cosmos_robot_server.metrics import Metrics
 from cosmos_robot_server.payloads import payload_nbytes
 
@@ -248,6 +249,9 @@ class ServingCore:
         self.ready = False
         self.started_at = time.time()
         self._holds_switch_interval = False
+        self.gc_watch = GCWatch()
+        self.metrics.gc_watch = self.gc_watch
+        self._froze_heap = False
 
     async def start(self) -> None:
         # Decoding and validation run in worker threads that hold the GIL in pure-Python stretches;
@@ -257,10 +261,15 @@ class ServingCore:
         if self.config.gil_switch_interval_ms is not None and not self._holds_switch_interval:
             _SWITCH_INTERVAL.claim(self.config.gil_switch_interval_ms / 1000)
             self._holds_switch_interval = True
+        self.gc_watch.install()
         self.batcher.start()
 
     def mark_ready(self) -> None:
-        """Warm-up is over: ``/readyz`` answers 200, and compilations or captures from now on are counted."""
+        """Warm-up is over: ``/readyz`` answers 200, and compilations or captures from now on are counted.
+        With ``gc_freeze`` the warm heap goes to the collector's permanent generation first (gc_watch.py)."""
+        if self.config.gc_freeze and not self._froze_heap:
+            HEAP_FREEZE.claim()
+            self._froze_heap = True
         self.shape_watch.arm()
         self.ready = True
 
@@ -270,6 +279,10 @@ class ServingCore:
         if self._holds_switch_interval:  # the setting is process-wide: the last server out restores it
             _SWITCH_INTERVAL.release()
             self._holds_switch_interval = False
+        self.gc_watch.remove()
+        if self._froze_heap:
+            HEAP_FREEZE.release()
+            self._froze_heap = False
 
     async def warm_up(self, batch_sizes: Sequence[int]) -> dict[int, float]:
         """Run the policy once per batch size on its example observation, on the thread that serves

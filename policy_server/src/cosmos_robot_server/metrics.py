@@ -10,6 +10,8 @@ import bisect
 import threading
 from collections import defaultdict
 
+from cosmos_robot_server.gc_watch import GCWatch
+
 __all__ = ["Metrics"]
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -60,6 +62,7 @@ class Metrics:
         self._counters: dict[str, dict[Labels, float]] = defaultdict(lambda: defaultdict(float))
         self._gauges: dict[str, dict[Labels, float]] = defaultdict(lambda: defaultdict(float))
         self._hists: dict[str, dict[Labels, _Histogram]] = defaultdict(dict)
+        self.gc_watch: GCWatch | None = None  # the serving core's collector pauses, rendered when set
 
     def inc(self, name: str, value: float = 1.0, **labels: str) -> None:
         with self._lock:
@@ -104,4 +107,9 @@ class Metrics:
                         lines.append(f"{name}_bucket{_fmt_labels(labels, (('le', '+Inf'),))} {hist.n}")
                         lines.append(f"{name}_sum{_fmt_labels(labels)} {hist.total:g}")
                         lines.append(f"{name}_count{_fmt_labels(labels)} {hist.n}")
+        if self.gc_watch is not None:  # outside the lock: the watch keeps its own (lock-free) counts
+            name = "cosmos_robot_gc_pause_seconds"
+            lines.append(f"# HELP {name} Python garbage-collector pauses (every thread stops), by generation.")
+            lines.append(f"# TYPE {name} histogram")
+            lines.extend(self.gc_watch.render(name))
         return "\n".join(lines) + "\n"
