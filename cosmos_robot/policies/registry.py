@@ -133,6 +133,7 @@ FAMILIES: dict[str, Family] = {
             f"{_CORE}.groot.policy:Gr00tPolicy",
             ("groot",),
             rl=f"{_CORE}.groot.rl:Gr00tRLAdapter",
+            sft=f"{_SFT}.groot:Gr00tSFTAdapter",
             export=f"{_EXPORT}.groot:Gr00tExporter",
             tiny=f"{_CORE}.groot.tiny:write_tiny",
             serve_options=(("text_tokens", 128),),

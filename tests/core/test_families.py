@@ -35,8 +35,8 @@ def test_folders_are_recognised_by_their_own_entry() -> None:
 def test_missing_capability_names_the_families_that_have_it() -> None:
     with pytest.raises(CheckpointError, match=r"cosmos3 family does not support RL post-training \(families that do: "):
         get_family("cosmos3").rl_adapter("anywhere")
-    with pytest.raises(CheckpointError, match="groot family does not support supervised fine-tuning.*flow, pi05"):
-        get_family("groot").sft_adapter()
+    with pytest.raises(CheckpointError, match="cosmos3 family does not support supervised fine-tuning.*groot, pi05"):
+        get_family("cosmos3").sft_adapter()
 
 
 def test_unknown_family_gets_a_did_you_mean() -> None:

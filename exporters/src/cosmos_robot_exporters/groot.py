@@ -19,7 +19,8 @@ else of the base as it is:
 Two targets, by the base's layout:
 
 - ``lerobot`` (default): the base is a LeRobot ``GrootPolicy`` folder (``_groot_model.`` names, its
-  processors; default: the run's ``init``, or the source folder itself). The result is what
+  processors; default: an RL run's ``init``, an SFT run's ``final/``, whose processors carry the
+  data's statistics under ``finetune.embodiment``, or the source folder itself). The result is what
   ``GrootPolicy.from_pretrained`` and ``cosmos-robot serve --ckpt`` load; like any LeRobot GR00T
   folder it names its raw base model in ``config.json`` (``base_model_path``), unchanged.
 - ``gr00t``: the base is a raw GR00T N1.7 checkpoint (Isaac-GR00T's layout: ``config.json`` of
@@ -66,9 +67,9 @@ class Gr00tExporter:
         notes: list[str] = []
         if run is not None:
             if not run.is_rl:
-                raise ExportError(f"{run.run_dir}: groot exports take RL runs (GR00T has no SFT trainer here)")
+                _check_sft_run(run, target, base)
             weights, notes = load_trained_weights(run, use_ema=False)
-            policy_folder = run.init
+            policy_folder = run.template()
         else:
             _check_lerobot(source, "the source")
             weights = _load(source / WEIGHTS)
@@ -86,6 +87,25 @@ class Gr00tExporter:
 
             save_file(tensors, str(tmp / WEIGHTS), metadata=metadata)
         return ExportResult(out, self.name, target, source, written_files(out), dropped, notes)
+
+
+def _check_sft_run(run: Any, target: str, base: Path | None) -> None:
+    """An SFT run's export keeps the processors its ``final/`` carries (the data's statistics under
+    ``finetune.embodiment``); a raw base must already know that embodiment."""
+    if run.final is None:
+        raise ExportError(
+            f"{run.run_dir}: this SFT run has no final/ yet; its processors (the data's statistics) are written "
+            "there when the run finishes: resume it to the end, then export"
+        )
+    embodiment = (run.config.get("finetune") or {}).get("embodiment")
+    if target == "gr00t" and embodiment:
+        raw = base or _default_base(None, target, run.final)
+        stats = read_json(raw / "statistics.json") if (raw / "statistics.json").is_file() else {}
+        if embodiment not in stats:
+            raise ExportError(
+                f"{run.run_dir}: finetune.embodiment {embodiment!r} has no statistics in {raw / 'statistics.json'} "
+                f"(it has {sorted(stats)}); export to the 'lerobot' target, whose processors carry the data's"
+            )
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -19,9 +19,9 @@ from torch import nn
 
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_trainers.common.export import EMA
-from cosmos_robot_trainers.sft.config import AugmentConfig, SFTConfig
+from cosmos_robot_trainers.sft.config import AugmentConfig, FinetuneConfig, SFTConfig
 
-__all__ = ["SFTAdapter", "SFTData"]
+__all__ = ["SFTAdapter", "SFTData", "refuse_finetune"]
 
 
 class SFTData(Protocol):
@@ -56,4 +56,16 @@ class SFTAdapter(Protocol):
 
     def sample_time(self, model: nn.Module, n: int, generator: torch.Generator) -> torch.Tensor: ...
 
+    def param_groups(self, model: nn.Module, config: SFTConfig) -> list[dict[str, Any]]: ...  # AdamW's groups
+
     def servable(self, model: nn.Module, data: SFTData, ema: EMA | None) -> BatchPolicy: ...  # with save_pretrained
+
+
+def refuse_finetune(config: SFTConfig, family: str) -> None:
+    """A family without ``[finetune]`` choices refuses any, naming the field (never silently ignored)."""
+    default = FinetuneConfig()
+    changed = [
+        f"finetune.{k}" for k in type(default).model_fields if getattr(config.finetune, k) != getattr(default, k)
+    ]
+    if changed:
+        raise ValueError(f"{', '.join(changed)}: the {family} family has no such choice (GR00T's SFT has)")

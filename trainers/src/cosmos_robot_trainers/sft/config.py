@@ -24,6 +24,7 @@ __all__ = [
     "OUTPUT_DIR",
     "RUNTIME_FIELDS",
     "AugmentConfig",
+    "FinetuneConfig",
     "DataConfig",
     "NEW_MODEL_FAMILY",
     "OptimConfig",
@@ -106,6 +107,18 @@ class TrainConfig(StrictModel):
         return self
 
 
+class FinetuneConfig(StrictModel):
+    """How an ``init`` checkpoint is fine-tuned, where its family offers the choice (GR00T: the backbone
+    is frozen; ``sft.groot``). Families without these choices refuse anything but the defaults."""
+
+    tune: list[str] | None = (
+        None  # the parts that train (GR00T: projector, diffusion_model, vlln); None: the checkpoint's
+    )
+    # cache the frozen backbone's output per frame: auto (unless [augment] changes images), on, or off (every batch)
+    feature_cache: Literal["auto", "on", "off"] = "auto"
+    embodiment: str | None = None  # GR00T's embodiment tag the data train (None: the checkpoint's own)
+
+
 # the family a recipe without ``init`` trains: its [model] table is a FlowConfig
 NEW_MODEL_FAMILY = "flow"
 
@@ -120,6 +133,7 @@ class SFTConfig(StrictModel):
     model: FlowConfig = Field(default_factory=lambda: FlowConfig())  # the flow policy's architecture (no init)
     augment: AugmentConfig = Field(default_factory=lambda: AugmentConfig())
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig())
+    finetune: FinetuneConfig = Field(default_factory=lambda: FinetuneConfig())
     train: TrainConfig = Field(default_factory=lambda: TrainConfig())
     eval: EvalHookConfig = Field(default_factory=lambda: EvalHookConfig())
     output: OutputConfig

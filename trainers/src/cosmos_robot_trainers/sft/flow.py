@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,9 +17,10 @@ from cosmos_robot.policies.flow import FlowModel, FlowPolicy
 from cosmos_robot.policies.registry import CheckpointError
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_trainers.common.export import EMA
-from cosmos_robot_trainers.sft.adapter import SFTData
+from cosmos_robot_trainers.sft.adapter import SFTData, refuse_finetune
 from cosmos_robot_trainers.sft.config import SFTConfig
 from cosmos_robot_trainers.sft.data import TrainData, load_train_data
+from cosmos_robot_trainers.sft.optim import default_param_groups
 
 __all__ = ["FlowSFTAdapter"]
 
@@ -27,6 +29,7 @@ class FlowSFTAdapter:
     """``SFTAdapter`` of the flow family (see ``sft.adapter``)."""
 
     def load_base(self, config: SFTConfig, init: Path | None) -> None:
+        refuse_finetune(config, "flow")
         if init is not None:
             raise CheckpointError(
                 f"init: {init} is a flow checkpoint; SFT trains a new flow policy from a [model] table "
@@ -44,6 +47,9 @@ class FlowSFTAdapter:
     ) -> torch.Tensor:
         loss, _ = _flow(model).flow_loss(batch, noise=noise, time=time)
         return loss
+
+    def param_groups(self, model: nn.Module, config: SFTConfig) -> list[dict[str, Any]]:
+        return default_param_groups(model, config.optim)
 
     def sample_time(self, model: nn.Module, n: int, generator: torch.Generator) -> torch.Tensor:
         return _flow(model).sample_time(n, generator)

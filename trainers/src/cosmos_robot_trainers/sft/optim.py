@@ -9,13 +9,14 @@ per-tensor loop on two CPU cores (a few percent of an SFT step), and is determin
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
 
 from cosmos_robot_trainers.sft.config import OptimConfig
 
-__all__ = ["build_optimizer", "lr_factor"]
+__all__ = ["build_optimizer", "default_param_groups", "lr_factor"]
 
 
 def lr_factor(step: int, total: int, cfg: OptimConfig) -> float:
@@ -32,19 +33,25 @@ def lr_factor(step: int, total: int, cfg: OptimConfig) -> float:
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_optimizer(
-    model: nn.Module, cfg: OptimConfig, total_steps: int
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW (no weight decay on biases, norms and embeddings) and its schedule."""
+def default_param_groups(model: nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
+    """AdamW groups of the flow and pi05 families: no weight decay on biases, norms and embeddings."""
     decay: list[nn.Parameter] = []
     no_decay: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         (no_decay if param.ndim < 2 or "embed" in name else decay).append(param)
+    return [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, total_steps: int, groups: list[dict[str, Any]] | None = None
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over ``groups`` (the family adapter's ``param_groups``; default: ``default_param_groups``)
+    and its schedule."""
     device = next(model.parameters()).device
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        groups if groups is not None else default_param_groups(model, cfg),
         lr=cfg.lr,
         betas=cfg.betas,
         eps=cfg.eps,

@@ -29,9 +29,10 @@ from cosmos_robot.policies.pi05.policy import Pi05Policy, build_processors
 from cosmos_robot.policies.registry import CheckpointError
 from cosmos_robot.policies.rl_heads import openpi_flow_time
 from cosmos_robot_trainers.common.export import EMA
-from cosmos_robot_trainers.sft.adapter import SFTData
+from cosmos_robot_trainers.sft.adapter import SFTData, refuse_finetune
 from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig, SFTConfig
 from cosmos_robot_trainers.sft.data import FrameSet, _first_episodes_per_task, augment_images
+from cosmos_robot_trainers.sft.optim import default_param_groups
 
 __all__ = ["Pi05SFTAdapter", "Pi05SFTModel", "Pi05TrainData", "build_pi05_policy", "load_pi05_train_data"]
 
@@ -175,6 +176,7 @@ class Pi05SFTAdapter:
         self.base: Pi05Policy | None = None
 
     def load_base(self, config: SFTConfig, init: Path | None) -> None:
+        refuse_finetune(config, "pi05")
         if init is None:
             raise CheckpointError("init: pi05 SFT fine-tunes a pi05 checkpoint folder; set init")
         self.base = Pi05Policy.from_pretrained(init, device=config.train.device, cuda_graphs=False)
@@ -195,6 +197,9 @@ class Pi05SFTAdapter:
         self, model: nn.Module, batch: dict[str, torch.Tensor], noise: torch.Tensor, time: torch.Tensor
     ) -> torch.Tensor:
         return _pi05(model).flow_loss(batch, noise, time)[0]
+
+    def param_groups(self, model: nn.Module, config: SFTConfig) -> list[dict[str, Any]]:
+        return default_param_groups(model, config.optim)
 
     def sample_time(self, model: nn.Module, n: int, generator: torch.Generator) -> torch.Tensor:
         return _pi05(model).sample_time(n, generator)

@@ -183,7 +183,7 @@ def _setup(
     device = torch.device(tcfg.device)
     model = adapter.build_model(config, device)
     model.train()
-    optimizer, scheduler = build_optimizer(model, config.optim, tcfg.steps)
+    optimizer, scheduler = build_optimizer(model, config.optim, tcfg.steps, adapter.param_groups(model, config))
     ema = EMA(model, tcfg.ema_decay) if tcfg.ema_decay is not None else None
     sampler = EpochBatchSampler(len(data), tcfg.batch_size, tcfg.seed, data.sample_weights(config.data.task_weighting))
     generator = torch.Generator().manual_seed(tcfg.seed + 1)
