@@ -28,7 +28,7 @@ from cosmos_robot_trainers.rl import run_rl
 from cosmos_robot_trainers.sft import SFTConfig, run_sft
 from cosmos_robot_trainers.sft.groot import TUNE_PARTS, Gr00tSFTAdapter, _backbone_of, load_groot_demos
 from cosmos_robot_trainers.sft.optim import build_optimizer
-from cosmos_robot_trainers.sft.trainer import _clip
+from cosmos_robot_trainers.sft.trainer import _clip, heldout_loss
 from tests.policies._pi05_helpers import libero_obs
 from tests.trainers.test_rl import debug_config
 from tests.trainers.test_sft import DETERMINISTIC, demo_root, quiet
@@ -234,6 +234,12 @@ def test_groot_sft_resumes_exactly_exports_and_hands_off_to_ppo(
     assert policy.policy.config.embodiment_tag == "new_embodiment"
     chunk = policy.infer(libero_obs(0))["actions"]
     assert chunk.shape == (8, 7) and np.isfinite(chunk).all()
+    # scoring folders by the recipe's loss (benchmarks/sft_heldout_loss.py): the result fits better than the start
+    scores = [
+        heldout_loss(groot_config(folder, demo_root, tmp_path / "score"), batches=3, batch_size=16, log=quiet)
+        for folder in (groot_folder, whole.final_dir)
+    ]
+    assert scores[1]["loss"] < scores[0]["loss"] and np.isfinite([s["sem"] for s in scores]).all()
     # the exporter's action-head export of the run: the base is final/ (processors with the data's statistics)
     exported = export_checkpoint(tmp_path / "whole", tmp_path / "export")
     assert exported.target == "lerobot" and not exported.dropped

@@ -75,11 +75,11 @@ def groot_flow_loss(
     ``features``: the backbone's output (``backbone_features``, ``backbone_attention_mask``,
     ``image_mask``), never modified; ``state`` (B, 1 or D); ``actions``/``action_mask`` (B, T, D) from
     LeRobot's preprocessor; ``noise`` like ``actions``; ``time`` (B,) from :func:`sample_groot_time`;
-    ``state_drop`` (B,) bool or None."""
+    ``state_drop`` (B,) bool or None, applied in training mode only (as LeRobot's)."""
     head.set_frozen_modules_to_eval_mode()
     vl = head.vl_self_attention(head.vlln(features["backbone_features"]))
     state_features = head.state_encoder(state.reshape(state.shape[0], 1, -1), embodiment_id)
-    if state_drop is not None and bool(state_drop.any()):
+    if head.training and state_drop is not None and bool(state_drop.any()):  # LeRobot: training only
         state_features = state_features * (
             1 - state_drop.to(state_features.device)[:, None, None].to(state_features.dtype)
         )

@@ -342,6 +342,7 @@ class Gr00tSFTAdapter:
         self.post: Any = None
         self.data: Gr00tTrainData | None = None
         self.embodiment = ""
+        self.saved_embodiment = ""
 
     def load_base(self, config: SFTConfig, init: Path | None) -> None:
         if init is None:
@@ -352,6 +353,7 @@ class Gr00tSFTAdapter:
             raise ValueError(f"finetune.tune: {unknown} are not GR00T parts; choose from {list(TUNE_PARTS)}")
         self.base = Gr00tPolicy.from_pretrained(init, device=config.train.device, cuda_graphs=False)
         self.init = Path(init)
+        self.saved_embodiment = str(self.base.policy.config.embodiment_tag)
 
     def _base(self) -> Gr00tPolicy:
         if self.base is None:
@@ -388,10 +390,13 @@ class Gr00tSFTAdapter:
         return data
 
     def _processors(self, stats: dict[str, dict[str, Any]]) -> tuple[Any, Any]:
-        """LeRobot's GR00T processors of the checkpoint for ``self.embodiment`` and the data's statistics."""
+        """LeRobot's GR00T processors of the checkpoint for ``self.embodiment`` and the data's statistics;
+        the folder's own when it was saved for that embodiment (its statistics win, LeRobot's rule)."""
         from lerobot.policies.factory import make_pre_post_processors
 
         base = self._base()
+        if self.embodiment == self.saved_embodiment:
+            return base.preprocessor, base.postprocessor
         cfg = copy.deepcopy(base.policy.config)
         cfg.embodiment_tag = self.embodiment
         saved = json.loads((self.init / "policy_preprocessor.json").read_text())

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -48,7 +49,7 @@ from cosmos_robot_trainers.sft.data import ensure_dataset
 from cosmos_robot_trainers.sft.optim import build_optimizer
 from cosmos_robot_trainers.sft.rundir import CHECKPOINTS, prepare_run_dir
 
-__all__ = ["SFTResult", "run_sft"]
+__all__ = ["SFTResult", "heldout_loss", "run_sft"]
 
 
 @dataclass
@@ -370,3 +371,35 @@ def _restore(
     generator.set_state(state["generator"])
     restore_rng_state(state["rng"])
     return ckpt.step, float(state.get("train_wall_s", 0.0))
+
+
+def heldout_loss(
+    config: SFTConfig, *, batches: int = 20, batch_size: int = 64, log: Callable[[str], None] = print
+) -> dict[str, float]:
+    """The flow loss of ``config.init`` (no training) on ``config.data.root``: ``batches`` batches with the
+    loop's draws (batch, noise, time) from a generator seeded ``train.seed``, the model in eval mode.
+
+    For held-out evaluation of fine-tuned checkpoints: score the starting folder and the result on
+    demonstrations neither trained on (``benchmarks/sft_heldout_loss.py``). Needs a family that
+    fine-tunes an ``init`` folder (pi05, groot)."""
+    if config.init is None:
+        raise ValueError("heldout_loss scores a checkpoint folder: set init")
+    adapter = sft_adapter(config, log)
+    configure_torch(config.train.num_threads, config.train.deterministic)
+    data = adapter.load_data(config)
+    device = torch.device(config.train.device)
+    model = adapter.build_model(config, device)
+    model.eval()
+    sampler = EpochBatchSampler(len(data), batch_size, config.train.seed)
+    generator = torch.Generator().manual_seed(config.train.seed)
+    losses = []
+    with torch.no_grad():
+        for _ in range(batches):
+            batch = data.batch(sampler.next_indices(), None, generator, config.model.text_buckets)
+            noise = torch.randn(batch["actions"].shape, generator=generator)
+            times = adapter.sample_time(model, noise.shape[0], generator)
+            batch = {k: v.to(device) for k, v in batch.items()}
+            losses.append(float(adapter.flow_loss(model, batch, noise.to(device), times.to(device))))
+    values = np.asarray(losses)
+    sem = float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+    return {"loss": float(values.mean()), "sem": sem, "batches": len(values), "samples": len(data)}
