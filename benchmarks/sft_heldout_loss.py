@@ -40,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
             f"init={json.dumps(ckpt)}",
             f"data.root={json.dumps(str(args.data))}",
             "data.record_if_missing=false",
-            "data.max_episodes_per_task=null",
         ]
         _, config = load_train_recipe(args.recipe, overrides)
         rows[ckpt] = heldout_loss(config, batches=args.batches, batch_size=args.batch_size, log=lambda _: None)
