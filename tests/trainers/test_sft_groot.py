@@ -279,3 +279,19 @@ def test_the_groot_recipes_parse() -> None:
     for name in ("sft_groot_tabletop", "sft_groot_libero", "debug_sft_groot"):
         _, config = load_train_recipe(name, [])
         assert isinstance(config, SFTConfig) and config.finetune.tune in (None, list(TUNE_PARTS))
+
+
+def test_servable_carries_the_ema_head_and_shares_the_backbone(
+    groot_folder: Path, demo_root: Path, tmp_path: Path
+) -> None:
+    from cosmos_robot_trainers.common.export import EMA
+
+    _, adapter, data, model = _prepared(groot_folder, demo_root, tmp_path)
+    ema = EMA(model, 0.5)
+    name = "action_head.action_decoder.layer2.W"
+    ema.shadow[name] = ema.shadow[name] + 1.0
+    served = adapter.servable(model, data, ema)
+    assert torch.equal(served.policy._groot_model.action_head.state_dict()[name.removeprefix("action_head.")],
+                       ema.shadow[name])  # fmt: skip
+    assert not torch.equal(dict(model.named_parameters())[name], ema.shadow[name])  # training weights untouched
+    assert served.policy._groot_model.backbone is model.lerobot._groot_model.backbone

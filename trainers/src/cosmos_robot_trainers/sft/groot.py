@@ -461,10 +461,10 @@ class Gr00tSFTAdapter:
         lerobot = m.lerobot
         backbone = lerobot._groot_model.backbone
         served = copy.deepcopy(lerobot, memo={id(backbone): backbone})
-        if ema is not None:
-            head_copy = copy.deepcopy(m)
-            ema.copy_to(head_copy)
-            served._groot_model.action_head.load_state_dict(head_copy.action_head.state_dict())
+        if ema is not None:  # the EMA's names are the SFT model's (action_head.*): copy into the served head
+            holder = nn.Module()
+            holder.action_head = served._groot_model.action_head
+            ema.copy_to(holder)
         served.eval()
         return Gr00tPolicy(served, self.pre, self.post, cuda_graphs=False)
 
