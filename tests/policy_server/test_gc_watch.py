@@ -40,7 +40,9 @@ def test_watch_times_each_collection_by_generation() -> None:
 
 def test_freeze_moves_the_heap_out_of_full_collections() -> None:
     frozen = freeze_heap()
-    assert frozen == gc.get_freeze_count() > 1000  # the interpreter, pytest and the server modules at least
+    # the interpreter, pytest and the server modules at least; frozen objects can still be freed (threads
+    # left by earlier tests drop theirs), so the count may only have fallen since
+    assert frozen > 1000 and frozen - 1000 < gc.get_freeze_count() <= frozen
     with GCWatch() as watch:
         gc.collect()
     assert watch.generations[2].count == 1
