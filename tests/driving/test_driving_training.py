@@ -35,6 +35,7 @@ from cosmos_robot_trainers.rl import RLConfig, run_rl
 from cosmos_robot_trainers.rl.advantage import dpo_pairs, group_advantages
 from cosmos_robot_trainers.rl.config import AlgoConfig
 from tests.trainers._rollouts import episode_fields
+from tests.trainers.test_rl import killed_after
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -163,8 +164,7 @@ def test_debug_grpo_driving_trains_with_a_healthy_ratio_and_resumes_exactly(tmp_
         if "ratio_dev_first_mb" in r:
             assert r["ratio_dev_first_mb"] < 1e-3
         assert r["episode_return"] < 3  # progress_safety returns (progress ~0.15, penalties), not successes
-    cut = run_rl(debug_config(tmp_path / "cut"), stop_at_iteration=1, log=lambda _: None)
-    assert cut.iteration == 1 and not cut.finished
+    killed_after(tmp_path / "full", tmp_path / "cut", 1)
     resumed = run_rl(debug_config(tmp_path / "cut"), log=lambda _: None)
     assert resumed.resumed_from == 1 and resumed.finished and resumed.final_dir is not None
     wa = load_policy_folder(full.final_dir).model.state_dict()  # type: ignore[attr-defined]

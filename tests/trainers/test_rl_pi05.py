@@ -11,7 +11,15 @@ from safetensors.torch import load_file
 from cosmos_robot.policies import load_policy_folder
 from cosmos_robot.policies.pi05.policy import Pi05Policy
 from cosmos_robot_trainers.rl import run_rl
-from tests.trainers.test_rl import ROOT, debug_config, deterministic, libero_overrides, quiet, read_metrics
+from tests.trainers.test_rl import (
+    ROOT,
+    debug_config,
+    deterministic,
+    killed_after,
+    libero_overrides,
+    quiet,
+    read_metrics,
+)
 
 INIT = ROOT / "checkpoints" / "pi05_tiny"
 EXPERT_KEY = "model.paligemma_with_expert.gemma_expert.model.layers.0.mlp.up_proj.weight"
@@ -37,8 +45,7 @@ def test_pi05_debug_recipe_trains_resumes_exactly_and_exports(tmp_path: Path) ->
     assert not torch.equal(before[EXPERT_KEY], after[EXPERT_KEY])  # the action expert moved
     assert not torch.equal(before[VLM_KEY], after[VLM_KEY])  # and so did the VLM (not frozen)
     # killed after iteration 1, resumed by the same command: the same numbers and weights
-    cut = run_rl(debug_config("joint_ppo_pi05", tmp_path / "cut"), stop_at_iteration=1, log=quiet)
-    assert cut.iteration == 1 and cut.final_dir is None
+    killed_after(tmp_path / "full", tmp_path / "cut", 1)
     resumed = run_rl(debug_config("joint_ppo_pi05", tmp_path / "cut"), log=quiet)
     assert resumed.resumed_from == 1 and resumed.final_dir is not None
     assert [deterministic(r) for r in records] == [deterministic(r) for r in read_metrics(tmp_path / "cut")]

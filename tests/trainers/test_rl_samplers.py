@@ -106,6 +106,7 @@ def test_sampler_gap_pairs_the_same_episodes() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 800 episodes: about 2.5 minutes alone, past 300 s on a shared CPU
 def test_the_state_recipe_sampler_is_within_3_points_of_serving() -> None:
     """The gate on 100 episodes per task: joint_ppo_flow_tabletop_state's rollout sampler (Flow-SDE from
     the serving noise) against the served policy, on the committed few-shot state checkpoint."""

@@ -175,6 +175,20 @@ def test_cached_features_equal_the_backbone_on_the_batch(groot_folder: Path, dem
     assert abs(float(cached.detach()) - float(recomputed.detach())) <= 1e-6
 
 
+def test_preprocessing_and_the_cache_report_progress(
+    groot_folder: Path, demo_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Both one-off passes over the data (minutes at a real dataset's size) print where they are."""
+    config = groot_config(groot_folder, demo_root, tmp_path, "train.progress=true")
+    adapter = Gr00tSFTAdapter()
+    adapter.load_base(config, groot_folder)
+    data = adapter.load_data(config)
+    err = capsys.readouterr().err
+    n = len(data.prompts)
+    assert f"{config.name}: preprocess: frame {n}/{n} (100%)" in err, err
+    assert f"{config.name}: backbone features: frame {n}/{n} (100%)" in err, err
+
+
 def test_time_draw_is_lerobots_beta(groot_folder: Path) -> None:
     ref = _reference(groot_folder, 0.0)
     head = ref._groot_model.action_head

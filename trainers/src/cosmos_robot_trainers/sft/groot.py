@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from cosmos_robot.policies.groot.training import (
 )
 from cosmos_robot.policies.registry import CheckpointError
 from cosmos_robot_trainers.common.export import EMA
+from cosmos_robot_trainers.common.progress import TrainProgress
 from cosmos_robot_trainers.sft.adapter import SFTData
 from cosmos_robot_trainers.sft.config import AugmentConfig, SFTConfig
 from cosmos_robot_trainers.sft.data import FrameSet, _first_episodes_per_task
@@ -192,8 +194,16 @@ def load_groot_demos(config: SFTConfig, base: Gr00tPolicy) -> Any:
     return demo
 
 
-def preprocess_frames(demo: Any, base: Gr00tPolicy, pre: Any, stats: dict[str, Any], rows: int = 256) -> Gr00tTrainData:
-    """Every frame once through ``pre`` (LeRobot's GR00T preprocessor for the data)."""
+def preprocess_frames(
+    demo: Any,
+    base: Gr00tPolicy,
+    pre: Any,
+    stats: dict[str, Any],
+    rows: int = 256,
+    progress: Callable[[int], None] | None = None,
+) -> Gr00tTrainData:
+    """Every frame once through ``pre`` (LeRobot's GR00T preprocessor for the data); ``progress(frames
+    done)`` after each block."""
     head = base.policy._groot_model.action_head
     data = Gr00tTrainData(
         prompts=list(demo.prompts),
@@ -219,6 +229,8 @@ def preprocess_frames(demo: Any, base: Gr00tPolicy, pre: Any, stats: dict[str, A
         actions.append(out["action"].cpu().float())
         masks.append(out["action_mask"].cpu().float())
         ids.append(out["embodiment_id"].cpu())
+        if progress is not None:
+            progress(int(idx[-1]) + 1)
     data.state, data.actions = torch.cat(states), torch.cat(actions)
     data.action_mask, data.embodiment_id = torch.cat(masks), torch.cat(ids)
     return data
@@ -236,8 +248,15 @@ def _backbone_of(base: Gr00tPolicy, pre: Any, raw: dict[str, Any]) -> dict[str, 
         return backbone_features(groot, backbone_inputs)
 
 
-def build_feature_cache(base: Gr00tPolicy, pre: Any, data: Gr00tTrainData, rows: int = 64) -> FeatureCache:
-    """Every frame's backbone output, frames of one prompt together (one length, so no padding)."""
+def build_feature_cache(
+    base: Gr00tPolicy,
+    pre: Any,
+    data: Gr00tTrainData,
+    rows: int = 64,
+    progress: Callable[[int], None] | None = None,
+) -> FeatureCache:
+    """Every frame's backbone output, frames of one prompt together (one length, so no padding);
+    ``progress(frames done)`` after each block."""
     by_prompt: dict[str, list[int]] = {}
     for i, prompt in enumerate(data.prompts):
         by_prompt.setdefault(prompt, []).append(i)
@@ -246,6 +265,7 @@ def build_feature_cache(base: Gr00tPolicy, pre: Any, data: Gr00tTrainData, rows:
     image_masks: list[Tensor] = []
     where = torch.empty((len(data), 2), dtype=torch.int64)
     firsts = []
+    done = 0
     for prompt_frames in by_prompt.values():
         parts, image_mask = [], None
         for start in range(0, len(prompt_frames), rows):
@@ -257,6 +277,9 @@ def build_feature_cache(base: Gr00tPolicy, pre: Any, data: Gr00tTrainData, rows:
                 )
             parts.append(out["backbone_features"].cpu())
             image_mask = out["image_mask"][0].cpu()
+            done += len(idx)
+            if progress is not None:
+                progress(done)
         g = len(groups)
         groups.append(torch.cat(parts))
         image_masks.append(image_mask)  # type: ignore[arg-type]
@@ -383,9 +406,12 @@ class Gr00tSFTAdapter:
         raw = compute_norm_stats(demo)  # the data's statistics, in LeRobot's keys (its fine-tuning rule)
         stats = {"observation.state": raw[STATE].to_dict(), "action": raw[ACTION].to_dict()}
         self.pre, self.post = self._processors(stats)
-        data = preprocess_frames(demo, base, self.pre, stats)
+        frames, shown = len(demo.prompts), config.train.progress
+        with TrainProgress(frames, 0, f"{config.name}: preprocess", shown, unit="frame") as bar:
+            data = preprocess_frames(demo, base, self.pre, stats, progress=bar.update)
         if self._feature_mode(config) == "on":
-            data.features = build_feature_cache(base, self.pre, data)
+            with TrainProgress(frames, 0, f"{config.name}: backbone features", shown, unit="frame") as bar:
+                data.features = build_feature_cache(base, self.pre, data, progress=bar.update)
         self.data = data
         return data
 
