@@ -309,3 +309,41 @@ def test_servable_carries_the_ema_head_and_shares_the_backbone(
                        ema.shadow[name])  # fmt: skip
     assert not torch.equal(dict(model.named_parameters())[name], ema.shadow[name])  # training weights untouched
     assert served.policy._groot_model.backbone is model.lerobot._groot_model.backbone
+
+
+def test_untrained_twin_puts_the_init_head_back_and_refuses_other_changes(groot_folder: Path, tmp_path: Path) -> None:
+    """benchmarks/groot_untrained_twin.py: the baseline differs from the SFT folder only by the head."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from benchmarks.groot_untrained_twin import untrained_twin
+    from cosmos_robot.manifest import verify_manifest, write_manifest
+    from cosmos_robot.policies import load_policy_folder
+
+    head = "_groot_model.action_head.action_decoder.layer2.W"
+    trained = tmp_path / "trained"
+    shutil.copytree(groot_folder, trained)
+    weights = load_file(str(trained / "model.safetensors"))
+    weights[head] = weights[head] + 0.5  # what SFT changes
+    save_file(weights, str(trained / "model.safetensors"), metadata={"format": "pt"})
+    (trained / "policy_preprocessor.json").write_text((trained / "policy_preprocessor.json").read_text() + "\n")
+    write_manifest(trained)
+    changed = untrained_twin(trained, groot_folder, tmp_path / "twin")
+    assert changed == [head]
+    twin, init = (
+        load_file(str(tmp_path / "twin" / "model.safetensors")),
+        load_file(str(groot_folder / "model.safetensors")),
+    )
+    assert all(torch.equal(twin[k], init[k]) for k in init)
+    # the trained folder's processors are kept (the point of the twin), and the manifest is fresh
+    assert (tmp_path / "twin" / "policy_preprocessor.json").read_text() == (
+        trained / "policy_preprocessor.json"
+    ).read_text()
+    assert verify_manifest(tmp_path / "twin")
+    assert isinstance(load_policy_folder(tmp_path / "twin"), Gr00tPolicy)
+    backbone = next(k for k in weights if ".backbone." in k and weights[k].is_floating_point())
+    weights[backbone] = weights[backbone] + 1.0
+    save_file(weights, str(trained / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="outside the action head"):
+        untrained_twin(trained, groot_folder, tmp_path / "twin2")
