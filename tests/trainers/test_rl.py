@@ -65,15 +65,18 @@ def libero_overrides(init: Path, out: Path, task: str) -> list[str]:
 
 
 def killed_after(full: Path, dest: Path, iteration: int) -> Path:
-    """What a run killed after iteration ``iteration``'s checkpoint leaves, made from the uninterrupted
-    run's folder (no re-run of the iterations before the cut): no ``final/``, no later checkpoint, and
-    metrics, TensorBoard events and config as they stood (metrics of later iterations included, as a
-    kill between a metrics line and its checkpoint leaves them). Real kills: the SIGKILL tests."""
+    """What a run killed right after iteration ``iteration``'s checkpoint leaves, made from the
+    uninterrupted run's folder (no re-run of the iterations before the cut): no ``final/``, no later
+    checkpoint, no metrics line of a later iteration (so the resumed run must write them itself).
+    Real kills: the SIGKILL tests; ``stop_at_iteration``: test_rl_groot's recipe-as-typed test."""
     shutil.copytree(full, dest, ignore=shutil.ignore_patterns("final"))
     for ckpt in (dest / "checkpoints").glob("step_*"):
         if int(ckpt.name.split("_")[1]) > iteration:
             shutil.rmtree(ckpt)
     assert (dest / "checkpoints" / f"step_{iteration:06d}").is_dir()
+    metrics = dest / "metrics.jsonl"
+    kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= iteration]
+    metrics.write_text("".join(f"{line}\n" for line in kept))
     return dest
 
 
