@@ -4,8 +4,9 @@ Why (issue 19): on the CPU (tiny sizes) our float32 chunk is bitwise LeRobot's; 
 released shapes it differed by 2.4e-3 mean against a 7.1e-5 floor (LeRobot against itself at another
 batch size), with every attention variant. This prints the largest absolute difference of each
 stage, in the order the model computes them, so the first non-zero row names the op to look at:
-preprocessed images and tokens, the prefix embeddings, each VLM layer's keys and values, one
-flow-step velocity from the same cache, and the whole chunk.
+preprocessed images and tokens, the prefix embeddings, each VLM layer's keys and values (from our
+embeddings, then again from LeRobot's, which tells the layers from their input), one flow-step velocity
+from the same cache, and the whole chunk.
 
     python benchmarks/numerics_pi05_stages.py --size full --device cuda     # H200
     .venv/bin/python benchmarks/numerics_pi05_stages.py --size tiny          # CPU: all rows 0
@@ -80,6 +81,18 @@ def stages(size: str, device: str, batch: int, seed: int) -> dict[str, float]:
                 layer = pkv.layers[i]
                 diff(f"layer {i:2d} keys", layer.keys, cache.keys[i])
                 diff(f"layer {i:2d} values", layer.values, cache.values[i])
+            # our layers on LeRobot's own prefix embeddings: separates the language model's layers from
+            # what enters them (one batched SigLIP call for both cameras against one call per camera)
+            ours_embed = ours.model.embed_prefix
+            ours.model.embed_prefix = lambda *_: (e1, _p2)  # type: ignore[method-assign]
+            try:
+                same_in = ours.model.encode_prefix(x.images, x.image_masks, x.tokens, x.token_mask)
+            finally:
+                ours.model.embed_prefix = ours_embed  # type: ignore[method-assign]
+            for i in range(len(same_in.keys)):
+                layer = pkv.layers[i]
+                diff(f"layer {i:2d} keys, LeRobot's embeddings in", layer.keys, same_in.keys[i])
+                diff(f"layer {i:2d} values, LeRobot's embeddings in", layer.values, same_in.values[i])
             gen = torch.Generator().manual_seed(seed + 3)
             x_t = torch.randn((batch, ref.config.chunk_size, ref.config.max_action_dim), generator=gen).to(device)
             t = torch.full((batch,), 0.7, device=device)

@@ -7,6 +7,9 @@ command (an install without them gets a message, not an import error at start-up
 # ruff: noqa: B008 - typer options are declared as parameter defaults
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Optional
 
 import typer
@@ -25,6 +28,9 @@ def command(
         True, help="Continue from the newest checkpoint in the output folder (--no-resume refuses to)."
     ),
     overwrite: bool = typer.Option(False, help="Delete a previous run in the output folder and start fresh."),
+    nproc: int = typer.Option(
+        1, "--nproc", min=1, help="Data-parallel training processes on this machine (started with torchrun)."
+    ),
 ) -> None:
     """Train a policy from a recipe: SFT (records the demonstrations if missing) or online RL
     (joint_ppo, grpo, nft, dpo recipes) in simulation; checkpoints, resumes.
@@ -41,6 +47,7 @@ def command(
         cosmos-robot train debug
         cosmos-robot train sft_flow_tabletop --set train.steps=2000 --set output.dir=runs/sft_short
         cosmos-robot train joint_ppo_flow_tabletop --set train.device=cuda --set env.num_envs=16
+        cosmos-robot train sft_flow_tabletop --nproc 2      # data parallel (docs/scale.md)
     """
     from cosmos_robot.config import ConfigError
     from cosmos_robot.policies.registry import CheckpointError
@@ -51,6 +58,8 @@ def command(
         from cosmos_robot_trainers.sft.rundir import RunDirError
     except ImportError as exc:
         raise fail(f"training needs cosmos-robot-trainers (pip install -e trainers): {exc}", 2) from exc
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        raise typer.Exit(_torchrun(recipe, list(set_ or []), resume, overwrite, nproc))
     try:
         result = launch(
             recipe, list(set_ or []), resume=resume, overwrite=overwrite, log=lambda m: typer.echo(m, err=True)
@@ -64,3 +73,20 @@ def command(
         raise typer.Exit(130) from None
     final = f"; policy: {result.final_dir}" if result.final_dir else ""
     typer.echo(f"step {result.step}: {result.out_dir}{final}")
+
+
+def _torchrun(recipe: str, overrides: list[str], resume: bool, overwrite: bool, nproc: int) -> int:
+    """This command again under ``torchrun --standalone`` with ``nproc`` processes; their exit status."""
+    from cosmos_robot.config import ConfigError
+    from cosmos_robot_trainers.launch import check_world_size, load_train_recipe
+
+    try:
+        name, _ = load_train_recipe(recipe, overrides)  # a bad recipe fails here, not in N processes
+        check_world_size(name, nproc)
+    except (ConfigError, FileNotFoundError) as exc:
+        raise fail(str(exc), 2) from exc
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    cmd += ["-m", "cosmos_robot.cli", "train", recipe, *[f"--set={o}" for o in overrides]]
+    cmd += ["--resume" if resume else "--no-resume", "--overwrite" if overwrite else "--no-overwrite"]
+    typer.echo(f"launching {nproc} processes: {' '.join(cmd[2:])}", err=True)
+    return subprocess.call(cmd)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import re
 import urllib.request
 
@@ -11,7 +12,7 @@ import pytest
 from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
 from cosmos_robot_server.config import ServerConfig
 from cosmos_robot_server.example_policies import constant
-from cosmos_robot_server.gc_watch import GCWatch, freeze_heap
+from cosmos_robot_server.gc_watch import HEAP_FREEZE, GCWatch, freeze_heap
 from cosmos_robot_server.server import PolicyServer
 
 
@@ -72,3 +73,23 @@ def test_server_freezes_once_warm_and_reports_pauses(freeze: bool) -> None:
     full = re.search(r'^cosmos_robot_gc_pause_seconds_count\{generation="2"\} (\d+)$', text, re.M)
     assert full is not None and int(full.group(1)) >= 1
     assert re.search(r'^cosmos_robot_gc_pause_seconds_bucket\{generation="0",le="\+Inf"\} \d+$', text, re.M)
+
+
+def test_ready_logs_the_warm_up_pauses_and_counts_afresh(caplog: pytest.LogCaptureFixture) -> None:
+    """Loading and compiling a model cost seconds of full collections before ``/readyz`` (a compiled pi0.5
+    on the H200: 10 of them, 9.3 s): they are logged at ready, and ``/metrics`` counts serving's pauses."""
+    server = PolicyServer(constant(action_horizon=4), ServerConfig(port=0, transports=("ws",), gc_freeze=True))
+    core = server.core
+    core.gc_watch.install()
+    try:
+        gc.collect()  # a pause while warming up
+        assert core.gc_watch.generations[2].count >= 1
+        with caplog.at_level(logging.INFO, logger="cosmos_robot_server.core"):
+            core.mark_ready()
+        assert core.gc_watch.generations[2].count == 0
+        assert re.search(r"gc pauses before ready: gen0 \d+ x, .* gen2 [1-9]\d* x", caplog.text), caplog.text
+        gc.collect()
+        assert core.gc_watch.generations[2].count == 1
+    finally:
+        core.gc_watch.remove()
+        HEAP_FREEZE.release()

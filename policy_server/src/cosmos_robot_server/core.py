@@ -266,10 +266,16 @@ class ServingCore:
 
     def mark_ready(self) -> None:
         """Warm-up is over: ``/readyz`` answers 200, and compilations or captures from now on are counted.
-        With ``gc_freeze`` the warm heap goes to the collector's permanent generation first (gc_watch.py)."""
+        With ``gc_freeze`` the warm heap goes to the collector's permanent generation first (gc_watch.py).
+        The collector's pauses so far (loading, compiling, the freeze itself: seconds of full collections on
+        a compiled model) are logged and the watch starts afresh, so ``/metrics`` shows serving's pauses."""
         if self.config.gc_freeze and not self._froze_heap:
             HEAP_FREEZE.claim()
             self._froze_heap = True
+        pauses = [f"{gen} {g['count']:.0f} x, {g['total_ms']:.0f} ms (max {g['max_ms']:.0f})"
+                  for gen, g in self.gc_watch.summary().items()]  # fmt: skip
+        _log.info("gc pauses before ready: %s", ", ".join(pauses))
+        self.gc_watch.reset()
         self.shape_watch.arm()
         self.ready = True
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import tomllib
 from cosmos_robot.config import ConfigError, apply_overrides, find_recipe, load_recipe
 from cosmos_robot_trainers.rl.config import ALGORITHMS
 
-__all__ = ["TRAINERS", "launch", "load_train_recipe"]
+__all__ = ["DATA_PARALLEL", "TRAINERS", "check_world_size", "launch", "load_train_recipe"]
 
 # trainer name -> ("module:ConfigClass", "module:run_function")
 TRAINERS: dict[str, tuple[str, str]] = {
@@ -33,6 +34,19 @@ TRAINERS: dict[str, tuple[str, str]] = {
         for name in ALGORITHMS
     },
 }
+
+
+# trainers that run data parallel under torchrun / `train --nproc N` (cosmos_robot/distributed.py)
+DATA_PARALLEL = frozenset({"sft"})
+
+
+def check_world_size(name: str, world_size: int) -> None:
+    """Refuse a multi-process launch of a trainer that would run N unsynchronised copies into one folder."""
+    if world_size > 1 and name not in DATA_PARALLEL:
+        raise ConfigError(
+            f"trainer {name!r} runs in one process; data-parallel training (--nproc / torchrun, here "
+            f"{world_size} processes) is built for: {', '.join(sorted(DATA_PARALLEL))}"
+        )
 
 
 def _resolve(target: str) -> Any:
@@ -66,5 +80,12 @@ def launch(
 ) -> Any:
     """Validate and run a recipe; returns the trainer's result object."""
     name, config = load_train_recipe(recipe, overrides)
+    check_world_size(name, int(os.environ.get("WORLD_SIZE", "1")))
     run = _resolve(TRAINERS[name][1])
-    return run(config, resume=resume, overwrite=overwrite, log=log)
+    try:
+        return run(config, resume=resume, overwrite=overwrite, log=log)
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

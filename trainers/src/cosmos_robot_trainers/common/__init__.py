@@ -12,7 +12,7 @@ from cosmos_robot_trainers.common.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from cosmos_robot_trainers.common.metrics import MetricsLogger, read_metrics
+from cosmos_robot_trainers.common.metrics import MetricsLogger, NullMetricsLogger, read_metrics
 from cosmos_robot_trainers.common.progress import TrainProgress
 from cosmos_robot_trainers.common.rng import capture_rng_state, configure_torch, restore_rng_state, seed_everything
 from cosmos_robot_trainers.common.sampler import EpochBatchSampler
@@ -21,6 +21,7 @@ __all__ = [
     "Checkpoint",
     "EpochBatchSampler",
     "MetricsLogger",
+    "NullMetricsLogger",
     "TrainProgress",
     "capture_rng_state",
     "checkpoint_dirs",

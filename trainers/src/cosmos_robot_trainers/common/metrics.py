@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "read_metrics"]
+__all__ = ["MetricsLogger", "NullMetricsLogger", "read_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -75,3 +75,20 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class NullMetricsLogger(MetricsLogger):
+    """The logger of a rank that does not write the run folder (data parallel: rank 0 logs the global
+    batch's metrics, which every rank computes alike)."""
+
+    def __init__(self) -> None:  # no folder, no files
+        pass
+
+    def log(self, step: int, values: dict[str, Any]) -> None:
+        pass
+
+    def log_text(self, tag: str, text: str, step: int = 0) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -39,6 +39,10 @@ class SFTData(Protocol):
         self, indices: np.ndarray, augment: AugmentConfig | None, generator: torch.Generator, text_buckets: int
     ) -> dict[str, Any]: ...
 
+    def shard_batch(self, batch: dict[str, Any], lo: int, hi: int) -> dict[str, Any]: ...  # samples lo:hi
+
+    def loss_mass(self, batch: dict[str, Any]) -> float: ...  # what the loss divides by (up to a constant)
+
 
 @runtime_checkable
 class SFTAdapter(Protocol):

@@ -91,6 +91,23 @@ class FrameSet:
         actions = round(float(self.actions.double().sum()), 6)
         return {"samples": len(self), "episodes": self.num_episodes, **self.content_sums(), "actions_sum": actions}
 
+    def loss_mass(self, batch: dict[str, Any]) -> float:
+        """What the family's loss divides by, up to a constant: the real (unpadded) action steps. A
+        data-parallel rank weighs its loss by its share of the global batch's mass, so that the average
+        over ranks is the global batch's loss, not a mean of per-rank means."""
+        return float((~batch["action_pad_mask"].bool()).sum())
+
+    def shard_batch(self, batch: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
+        """Samples ``lo:hi`` of a batch this kind made (a data-parallel rank's slice): every entry along its
+        first axis; a kind whose batch holds other layouts overrides it."""
+        n = int(batch["actions"].shape[0])
+        out = {}
+        for key, value in batch.items():
+            if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != n:
+                raise TypeError(f"shard_batch: {key!r} is not batch-major ({type(self).__name__} must override it)")
+            out[key] = value[lo:hi]
+        return out
+
 
 @dataclass
 class TrainData(FrameSet):
@@ -123,6 +140,16 @@ class TrainData(FrameSet):
             "text_ids": ids,
             "text_offsets": offsets,
         }
+
+    def shard_batch(self, batch: dict[str, Any], lo: int, hi: int) -> dict[str, Any]:
+        """As the base, and the prompts' flat bucket ids cut at their offsets."""
+        ids, offsets = batch["text_ids"], batch["text_offsets"]
+        end = int(offsets[hi]) if hi < offsets.shape[0] else int(ids.shape[0])
+        rest = {k: v for k, v in batch.items() if k not in ("text_ids", "text_offsets")}
+        out = super().shard_batch(rest, lo, hi)
+        out["text_ids"] = ids[int(offsets[lo]) : end]
+        out["text_offsets"] = offsets[lo:hi] - offsets[lo]
+        return out
 
 
 def task_weights(prompts: list[str], weighting: str) -> np.ndarray | None:

@@ -146,6 +146,10 @@ class Gr00tTrainData(FrameSet):
         out["state_drop"] = draw_state_dropout(len(idx), self.state_dropout, generator)
         return out
 
+    def loss_mass(self, batch: dict[str, Any]) -> float:
+        """GR00T's loss divides the masked squared error by the mask's sum."""
+        return float(batch["action_mask"].sum())
+
     def raw_batch(self, indices: Tensor, images: Tensor | None = None) -> dict[str, Any]:
         """LeRobot's raw observation batch of ``indices`` (cameras float in [0, 1]), for its preprocessor."""
         imgs = self.images[indices] if images is None else images.cpu()

@@ -12,6 +12,11 @@ the trainer's CPU generator (flow noise, flow times, augmentation; drawn on the 
 deterministic CPU kernels and the same thread count, a run killed and resumed logs bit-identical
 losses to an uninterrupted one; ``tests/trainers/test_sft.py`` checks it. Metric windows end on
 checkpoint steps (``ckpt_every`` is a multiple of ``log_every``) so the logged means match too.
+
+Data parallel (``torchrun``, or ``cosmos-robot train RECIPE --nproc N``; cosmos_robot/distributed.py):
+every rank draws the whole global batch as one process would and trains on its slice; gradients and the
+logged loss are averaged over ranks, and rank 0 alone records data, writes metrics and checkpoints,
+evaluates and exports. The checkpoint is the single-process one, so a run resumes at any world size.
 """
 
 from __future__ import annotations
@@ -27,12 +32,24 @@ import numpy as np
 import torch
 from torch import nn
 
+from cosmos_robot.config import ConfigError
+from cosmos_robot.distributed import (
+    World,
+    average_gradients,
+    barrier,
+    broadcast_parameters,
+    broadcast_text,
+    mean_over_ranks,
+    shard_range,
+    world_from_env,
+)
 from cosmos_robot.policies.init_source import resolve_init
 from cosmos_robot.policies.registry import family_of, get_family
 from cosmos_robot_client.base_policy import BatchPolicy
 from cosmos_robot_trainers.common import (
     EpochBatchSampler,
     MetricsLogger,
+    NullMetricsLogger,
     TrainProgress,
     capture_rng_state,
     configure_torch,
@@ -101,6 +118,7 @@ class _Run:
     sampler: EpochBatchSampler
     generator: torch.Generator  # CPU draws (flow noise, flow times, augmentation): the same on any device
     logger: MetricsLogger
+    world: World  # this process among the data-parallel ranks (a world of one by default)
     start: int  # the checkpoint step this call resumed from (0 for a fresh run)
     prior_wall_s: float  # training seconds of the calls before this one
     step: int  # the last step trained
@@ -133,11 +151,20 @@ def run_sft(
     ``stop_at_step`` stops after that step as a kill would: no extra checkpoint, log record or
     export (tests use it to check that a resumed run matches an uninterrupted one).
     """
+    world = world_from_env(config.train.device)
+    if config.train.batch_size % world.world_size:
+        raise ConfigError(
+            f"train.batch_size={config.train.batch_size} is not divisible by the {world.world_size} training processes"
+        )
+    if not world.is_main:
+        log = _quiet  # rank 0 speaks for the run
     adapter = sft_adapter(config, log)  # a bad init fails before any folder is made
-    ckpt_path = prepare_run_dir(config, resume=resume, overwrite=overwrite)
+    ckpt_path = prepare_run_dir(config, resume=resume, overwrite=overwrite) if world.is_main else None
+    shared = broadcast_text(str(ckpt_path) if ckpt_path is not None else None, world)
+    ckpt_path = Path(shared) if shared is not None else None
     configure_torch(config.train.num_threads, config.train.deterministic)
-    data, record, data_wall_s = _load_data(config, adapter, log)
-    run = _setup(config, adapter, data, ckpt_path, log)
+    data, record, data_wall_s = _load_data(config, adapter, log, world)
+    run = _setup(config, adapter, data, ckpt_path, log, world)
     steps = config.train.steps
     if run.start == 0 and config.eval.initial:
         _evaluate(run)  # step 0: the starting policy, the learning curve's first point
@@ -158,17 +185,24 @@ def run_sft(
         record=record,
         last_metrics=run.last,
     )
-    if result.finished or stopped_by_clock:
+    if (result.finished or stopped_by_clock) and world.is_main:
         _export_and_evaluate(run, result, log)
+    barrier(world)
     return result
 
 
+def _quiet(_: str) -> None:
+    pass
+
+
 def _load_data(
-    config: SFTConfig, adapter: SFTAdapter, log: Callable[[str], None]
+    config: SFTConfig, adapter: SFTAdapter, log: Callable[[str], None], world: World
 ) -> tuple[SFTData, dict[str, Any] | None, float]:
-    """Phase data: record the dataset if it is missing, load it; ``(data, recorder summary or None, seconds)``."""
+    """Phase data: record the dataset if it is missing (rank 0), load it; ``(data, recorder summary or None,
+    seconds)``."""
     t_data = time.perf_counter()
-    record = ensure_dataset(config.data, log=log)
+    record = ensure_dataset(config.data, log=log) if world.is_main else None
+    barrier(world)
     data = adapter.load_data(config)
     data_wall_s = time.perf_counter() - t_data
     log(f"data: {len(data)} samples from {data.num_episodes} episodes ({data_wall_s:.1f} s)")
@@ -176,13 +210,19 @@ def _load_data(
 
 
 def _setup(
-    config: SFTConfig, adapter: SFTAdapter, data: SFTData, ckpt_path: Path | None, log: Callable[[str], None]
+    config: SFTConfig,
+    adapter: SFTAdapter,
+    data: SFTData,
+    ckpt_path: Path | None,
+    log: Callable[[str], None],
+    world: World,
 ) -> _Run:
     """Phase setup: model, optimizer, schedule (+ EMA), sampler, generator, restored from ``ckpt_path``; logger."""
     tcfg = config.train
     seed_everything(tcfg.seed)
     device = torch.device(tcfg.device)
     model = adapter.build_model(config, device)
+    broadcast_parameters(model, world)
     model.train()
     optimizer, scheduler = build_optimizer(model, config.optim, tcfg.steps, adapter.param_groups(model, config))
     ema = EMA(model, tcfg.ema_decay) if tcfg.ema_decay is not None else None
@@ -194,7 +234,13 @@ def _setup(
         log(f"resuming from {ckpt_path} (step {start})")
     params = sum(p.numel() for p in model.parameters())
     log(f"model: {params / 1e6:.2f} M parameters; {tcfg.steps} steps of batch {sampler.batch_size}")
-    logger = MetricsLogger(Path(config.output.dir), resume_step=start, tensorboard=config.output.tensorboard)
+    if world.is_main:
+        logger = MetricsLogger(Path(config.output.dir), resume_step=start, tensorboard=config.output.tensorboard)
+    else:
+        logger = NullMetricsLogger()
+    if world.distributed:
+        per = tcfg.batch_size // world.world_size
+        log(f"data parallel: {world.world_size} processes ({world.backend}), {per} samples of each batch per process")
     if start == 0:
         logger.log_text("config", f"```\n{config.model_dump_json(indent=2)}\n```")
     return _Run(
@@ -209,6 +255,7 @@ def _setup(
         sampler=sampler,
         generator=generator,
         logger=logger,
+        world=world,
         start=start,
         prior_wall_s=prior_wall_s,
         step=start,
@@ -225,16 +272,16 @@ def _train(run: _Run, stop: int, log: Callable[[str], None]) -> bool:
     run.window = _Window(run.t0)
     # the cap counts the whole run's training time, across resumes
     deadline = run.t0 + 60 * tcfg.max_wall_minutes - run.prior_wall_s if tcfg.max_wall_minutes else math.inf
-    with TrainProgress(tcfg.steps, run.start, run.config.name, enabled=tcfg.progress) as bar:
+    with TrainProgress(tcfg.steps, run.start, run.config.name, enabled=tcfg.progress and run.world.is_main) as bar:
         while run.step < stop:
-            batch, noise, times = _next_batch(run)
-            _train_step(run, batch, noise, times)
+            batch, noise, times, weight = _next_batch(run)
+            _train_step(run, batch, noise, times, weight)
             if run.step % tcfg.log_every == 0 or run.step == tcfg.steps:
                 _log_window(run, bar)
             out_of_time = time.perf_counter() > deadline
             if run.step % tcfg.ckpt_every == 0 or run.step == tcfg.steps or out_of_time:
                 _checkpoint(run)
-            if eval_every and run.step % eval_every == 0 and run.step < tcfg.steps:
+            if eval_every and run.step % eval_every == 0 and run.step < tcfg.steps and run.world.is_main:
                 _evaluate(run)
             if out_of_time:
                 log(f"train.max_wall_minutes reached at step {run.step}; exporting what we have")
@@ -242,28 +289,42 @@ def _train(run: _Run, stop: int, log: Callable[[str], None]) -> bool:
     return False
 
 
-def _next_batch(run: _Run) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
-    """Phase batch: ``(batch on the device, flow noise, flow times)``, every draw on the CPU generator."""
+def _next_batch(run: _Run) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, float]:
+    """Phase batch: ``(batch on the device, flow noise, flow times, loss weight)``, every draw on the CPU
+    generator. In a data-parallel run the whole global batch is drawn and this rank's slice kept (the module
+    docstring); the weight (world size x this slice's share of the loss's normaliser) makes the mean of the
+    ranks' losses the global batch's loss. 1.0 in one process."""
     config, generator = run.config, run.generator
     batch = run.data.batch(run.sampler.next_indices(), config.augment, generator, config.model.text_buckets)
     noise = torch.randn(batch["actions"].shape, generator=generator)  # CPU draws: same on any device
     times = run.adapter.sample_time(run.model, noise.shape[0], generator)
+    weight = 1.0
+    if run.world.distributed:
+        lo, hi = shard_range(noise.shape[0], run.world)
+        total = run.data.loss_mass(batch)
+        batch, noise, times = run.data.shard_batch(batch, lo, hi), noise[lo:hi], times[lo:hi]
+        weight = run.world.world_size * run.data.loss_mass(batch) / max(total, 1e-12)
     batch = {k: v.to(run.device, non_blocking=True) for k, v in batch.items()}
-    return batch, noise.to(run.device), times.to(run.device)
+    return batch, noise.to(run.device), times.to(run.device), weight
 
 
-def _train_step(run: _Run, batch: dict[str, torch.Tensor], noise: torch.Tensor, times: torch.Tensor) -> None:
+def _train_step(
+    run: _Run, batch: dict[str, torch.Tensor], noise: torch.Tensor, times: torch.Tensor, weight: float = 1.0
+) -> None:
     """Phase loss + update: one optimizer and schedule step (and the EMA's); adds to the window."""
     loss = run.adapter.flow_loss(run.model, batch, noise, times)
+    if weight != 1.0:
+        loss = loss * weight
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    average_gradients(run.model.parameters(), run.world)
     grad_norm = _clip(run.model, run.config.optim.grad_clip)
     run.optimizer.step()
     run.scheduler.step()
     if run.ema is not None:
         run.ema.update(run.model)
     run.step += 1
-    loss_value = float(loss.detach())
+    loss_value = mean_over_ranks(float(loss.detach()), run.world)
     if not math.isfinite(loss_value):
         raise FloatingPointError(f"step {run.step}: loss is {loss_value}; lower optim.lr or check the data")
     run.window.add({"loss": loss_value, "grad_norm": grad_norm})
@@ -286,7 +347,10 @@ def _log_window(run: _Run, bar: TrainProgress) -> None:
 
 
 def _checkpoint(run: _Run) -> None:
-    """Phase checkpoint: everything that decides the next step (the module docstring lists it)."""
+    """Phase checkpoint: everything that decides the next step (the module docstring lists it); rank 0
+    saves it, the same for every rank."""
+    if not run.world.is_main:
+        return
     wall = run.wall_s(time.perf_counter())
     state: dict[str, Any] = {
         "optimizer": run.optimizer.state_dict(),

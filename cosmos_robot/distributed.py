@@ -1,0 +1,146 @@
+"""Data-parallel training across processes: who this process is, and the few collectives the trainers need.
+
+Why a module of its own: every trainer runs the same code single-process (the default) and under
+``torchrun`` / ``cosmos-robot train RECIPE --nproc N``. ``World`` answers "which rank am I, how many are
+we, am I the one that writes files", and the helpers below are no-ops in a world of one, so a trainer
+calls them unconditionally and single-process runs stay exactly what they were.
+
+Data parallelism here keeps every rank's draws identical to the single-process run's: each rank draws
+the whole global batch (indices, flow noise, flow times, augmentation) from the same generators and
+keeps its own contiguous slice (``shard_range``). After ``backward`` the gradients are averaged over ranks
+(``average_gradients``), so a step over the global batch equals the single-process step over the same
+batch whenever the loss is a mean over samples that weigh the same (tests compare the loss curves).
+Gradients are averaged explicitly rather than through ``DistributedDataParallel`` because the families'
+adapters compute their losses through model methods other than ``forward`` (DDP only synchronises what
+went through its ``forward``). Checkpoints stay whole (rank 0 saves model and optimizer state, which
+every rank holds identically), so a run saved at one world size resumes at any other.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "World",
+    "average_gradients",
+    "barrier",
+    "broadcast_parameters",
+    "broadcast_text",
+    "mean_over_ranks",
+    "shard_range",
+    "world_from_env",
+]
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the training processes (``world_size == 1``: single-process)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str = ""  # "gloo" or "nccl" when distributed
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where tensors for collectives live (NCCL only moves CUDA tensors)."""
+        return torch.device("cuda", self.local_rank) if self.backend == "nccl" else torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        """The rank that writes the run folder (metrics, checkpoints, exports) and prints progress."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def world_from_env(device: str | torch.device = "cpu") -> World:
+    """The world ``torchrun`` describes (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), its process group
+    initialised once (gloo for CPU training, NCCL for CUDA); a world of one without those variables."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size <= 1:
+        return World()
+    try:
+        rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    except (KeyError, ValueError) as exc:
+        raise RuntimeError(f"WORLD_SIZE={size} but RANK is missing or not an integer: launch with torchrun") from exc
+    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend=backend)
+    return World(rank=rank, world_size=size, local_rank=local_rank, backend=str(dist.get_backend()))
+
+
+def shard_range(total: int, world: World, what: str = "train.batch_size") -> tuple[int, int]:
+    """``(lo, hi)``: this rank's contiguous share of a global batch of ``total`` samples."""
+    if total % world.world_size:
+        raise ValueError(f"{what}={total} is not divisible by the {world.world_size} training processes")
+    per = total // world.world_size
+    return world.rank * per, (world.rank + 1) * per
+
+
+def average_gradients(params: Any, world: World) -> None:
+    """Replace every gradient by its mean over ranks: one all-reduce per dtype over a flat buffer."""
+    if not world.distributed:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
+    for group in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in group])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        flat /= world.world_size
+        offset = 0
+        for g in group:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def mean_over_ranks(value: float, world: World) -> float:
+    """The mean of a scalar over ranks (a loss to log: the global batch's, as one process would log it)."""
+    if not world.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=world.comm_device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item() / world.world_size)
+
+
+def broadcast_parameters(module: torch.nn.Module, world: World) -> None:
+    """Rank 0's parameters and buffers to every rank (identical seeds build identical models; this makes
+    it a guarantee, e.g. when an init's random parts come from global RNG state)."""
+    if not world.distributed:
+        return
+    with torch.no_grad():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+
+
+def broadcast_text(text: str | None, world: World) -> str | None:
+    """Rank 0's string (or None) on every rank, as UTF-8 bytes in a tensor: no pickling between processes."""
+    if not world.distributed:
+        return text
+    dev = world.comm_device
+    data = torch.tensor(list(text.encode()) if text is not None else [], dtype=torch.uint8, device=dev)
+    size = torch.tensor([data.numel() if text is not None else -1], dtype=torch.int64, device=dev)
+    dist.broadcast(size, src=0)
+    n = int(size.item())
+    if n < 0:
+        return None
+    buf = data if world.is_main else torch.empty(n, dtype=torch.uint8, device=dev)
+    dist.broadcast(buf, src=0)
+    return bytes(buf.cpu().tolist()).decode()
+
+
+def barrier(world: World) -> None:
+    """Wait for every rank (e.g. until rank 0 has recorded the data or prepared the run folder)."""
+    if world.distributed:
+        dist.barrier()

@@ -1,0 +1,130 @@
+"""Data-parallel SFT (issue 22): two real processes (torchrun, gloo on this CPU) train the same curve as one
+process on the same global batch, write one run folder, and the run resumes at another world size."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import torch
+
+from cosmos_robot.config import ConfigError
+from cosmos_robot.distributed import (
+    World,
+    average_gradients,
+    broadcast_text,
+    mean_over_ranks,
+    shard_range,
+    world_from_env,
+)
+from cosmos_robot_trainers.common import read_metrics
+from cosmos_robot_trainers.launch import check_world_size
+from cosmos_robot_trainers.sft.data import TrainData
+from tests.trainers.test_rl import killed_after
+
+STEPS = 6
+
+
+def test_a_world_of_one_is_the_default_and_its_collectives_are_identities(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    world = world_from_env()
+    assert world == World() and world.is_main and not world.distributed
+    assert broadcast_text("x", world) == "x" and broadcast_text(None, world) is None
+    assert mean_over_ranks(2.5, world) == 2.5
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.full((3,), 2.0)
+    average_gradients([p], world)
+    assert p.grad.tolist() == [2.0, 2.0, 2.0]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(RuntimeError, match="RANK is missing.*torchrun"):
+        world_from_env()
+
+
+def test_shard_range_splits_the_global_batch_and_names_an_indivisible_one() -> None:
+    assert [shard_range(8, World(rank=r, world_size=2)) for r in (0, 1)] == [(0, 4), (4, 8)]
+    with pytest.raises(ValueError, match=r"train\.batch_size=9 is not divisible by the 2 training processes"):
+        shard_range(9, World(rank=0, world_size=2))
+
+
+def test_flow_batches_shard_their_flat_prompt_ids_at_the_offsets() -> None:
+    """The flow batch holds its prompts as EmbeddingBag ids + offsets, not one row per sample."""
+    batch = {
+        "actions": torch.arange(4.0)[:, None, None],
+        "action_pad_mask": torch.zeros(4, 1, dtype=torch.bool),
+        "text_ids": torch.tensor([10, 11, 20, 30, 31, 32, 40]),
+        "text_offsets": torch.tensor([0, 2, 3, 6]),
+    }
+    data = cast(Any, object.__new__(TrainData))
+    first, second = data.shard_batch(batch, 0, 2), data.shard_batch(batch, 2, 4)
+    assert first["text_ids"].tolist() == [10, 11, 20] and first["text_offsets"].tolist() == [0, 2]
+    assert second["text_ids"].tolist() == [30, 31, 32, 40] and second["text_offsets"].tolist() == [0, 3]
+    assert second["actions"].flatten().tolist() == [2.0, 3.0]
+    pad = torch.zeros(4, 3, dtype=torch.bool)
+    pad[3, 1:] = True  # the last sample's chunk runs past its episode: 2 of its 3 steps are padding
+    assert data.loss_mass({"action_pad_mask": pad}) == 10.0
+
+
+def test_trainers_without_data_parallelism_refuse_several_processes() -> None:
+    check_world_size("sft", 2)
+    check_world_size("grpo", 1)
+    with pytest.raises(ConfigError, match="trainer 'grpo' runs in one process.*built for: sft"):
+        check_world_size("grpo", 2)
+
+
+def _train(out: Path, demos: Path, *args: str, nproc: int = 1) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "cosmos_robot.cli", "train", "debug", f"--nproc={nproc}"]
+    sets = [f'output.dir="{out}"', f'data.root="{demos}"', f"train.steps={STEPS}", "train.log_every=1"]
+    sets += ["train.ckpt_every=3", "train.progress=false"]
+    cmd += [f"--set={s}" for s in sets] + list(args)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def _curve(out: Path) -> list[tuple[int, float, float]]:
+    return [(r["step"], r["loss"], r["grad_norm"]) for r in read_metrics(out) if "loss" in r]
+
+
+def _close(a: list[tuple[int, float, float]], b: list[tuple[int, float, float]], tol: float = 1e-5) -> None:
+    assert [s for s, _, _ in a] == [s for s, _, _ in b]
+    for (step, loss_a, grad_a), (_, loss_b, grad_b) in zip(a, b, strict=True):
+        assert abs(loss_a - loss_b) <= tol and abs(grad_a - grad_b) <= tol, (step, loss_a, loss_b, grad_a, grad_b)
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_single_process_curve_and_resume_at_one(tmp_path: Path) -> None:
+    demos = tmp_path / "demos"
+    one = _train(tmp_path / "one", demos)  # also records the demonstrations both runs use
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _train(tmp_path / "two", demos, nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "data parallel: 2 processes (gloo), 4 samples of each batch per process" in two.stderr
+    curve = _curve(tmp_path / "two")
+    assert [s for s, _, _ in curve] == list(range(1, STEPS + 1))  # rank 0 alone wrote metrics: no duplicates
+    # the global batch's loss and gradient norm, as one process computes them (the debug loss is a masked
+    # mean: each rank weighs its slice by its share of the real action steps)
+    _close(curve, _curve(tmp_path / "one"))
+    assert (tmp_path / "two" / "final" / "model.safetensors").is_file()
+    # saved by 2 processes after step 3, resumed by 1: the same remaining curve
+    cut = killed_after(tmp_path / "two", tmp_path / "resumed", 3)
+    resumed = _train(cut, demos)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr and "step_000003" in resumed.stderr
+    _close(_curve(cut), curve)
+    a = json.loads((tmp_path / "two" / "final" / "config.json").read_text())
+    assert a == json.loads((cut / "final" / "config.json").read_text())
+
+
+def test_nproc_refuses_a_trainer_without_data_parallelism(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "cosmos_robot.cli", "train", "debug_grpo", "--nproc=2"]
+    cmd += [f'--set=output.dir="{tmp_path / "x"}"']
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "trainer 'grpo' runs in one process" in result.stderr
+    assert not (tmp_path / "x").exists()
