@@ -71,8 +71,9 @@ def command(
     except KeyboardInterrupt:
         typer.secho("interrupted; rerun the same command to resume from the newest checkpoint", err=True)
         raise typer.Exit(130) from None
-    final = f"; policy: {result.final_dir}" if result.final_dir else ""
-    typer.echo(f"step {result.step}: {result.out_dir}{final}")
+    if os.environ.get("RANK", "0") == "0":  # a data-parallel run's rank 0 speaks for it
+        final = f"; policy: {result.final_dir}" if result.final_dir else ""
+        typer.echo(f"step {result.step}: {result.out_dir}{final}")
 
 
 def _torchrun(recipe: str, overrides: list[str], resume: bool, overwrite: bool, nproc: int) -> int:

@@ -20,9 +20,24 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.config import ConfigError
+from cosmos_robot.distributed import (
+    World,
+    average_gradients,
+    barrier,
+    broadcast_parameters,
+    broadcast_text,
+    world_from_env,
+)
 from cosmos_robot.text.hf import CausalLM
 from cosmos_robot.text.moe import install_router_aux_loss
-from cosmos_robot_trainers.common import MetricsLogger, TrainProgress, configure_torch, seed_everything
+from cosmos_robot_trainers.common import (
+    MetricsLogger,
+    NullMetricsLogger,
+    TrainProgress,
+    configure_torch,
+    seed_everything,
+)
 from cosmos_robot_trainers.common import rundir as _rundir
 from cosmos_robot_trainers.text.config import RUNTIME_FIELDS
 from cosmos_robot_trainers.text.precision import build_text_optimizer
@@ -57,13 +72,27 @@ class TextRun:
     """``run = TextRun(config, ...)``; build the trainer's own objects; ``run.restore(...)``; ``run.loop(step_fn)``."""
 
     def __init__(self, config: Any, *, resume: bool, overwrite: bool, log: Callable[[str], None]) -> None:
-        self.config, self.log = config, log
-        self.out = Path(config.output.dir)
-        self.ckpt_path = _rundir.prepare_run_dir(config, self.out, RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
         tcfg = config.train
+        # data parallel (text SFT; docs/scale.md): rank 0 owns the run folder and speaks for the run
+        self.world: World = world_from_env(tcfg.device)
+        if self.world.distributed and tcfg.batch_size % self.world.world_size:
+            raise ConfigError(
+                f"train.batch_size={tcfg.batch_size} is not divisible by the {self.world.world_size} training processes"
+            )
+        self.config, self.log = config, (log if self.world.is_main else _quiet)
+        self.out = Path(config.output.dir)
+        ckpt = None
+        if self.world.is_main:
+            ckpt = _rundir.prepare_run_dir(config, self.out, RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
+        shared = broadcast_text(str(ckpt) if ckpt is not None else None, self.world)
+        self.ckpt_path = Path(shared) if shared is not None else None
         configure_torch(tcfg.num_threads, tcfg.deterministic)
         seed_everything(tcfg.seed)
         self.lm: CausalLM = load_lm(config.init, config.model, tcfg.dtype, tcfg.device)
+        broadcast_parameters(self.lm.model, self.world)
+        if self.world.distributed:
+            ws, per = self.world.world_size, tcfg.batch_size // self.world.world_size
+            self.log(f"data parallel: {ws} processes ({self.world.backend}), {per} rows of each batch per process")
         self.lm.model.train()
         install_router_aux_loss(self.lm.model)  # MoE: the router balancing loss joins training forwards
         self.optimizer, self.scheduler = build_text_optimizer(self.lm.model, config.optim, tcfg.steps)
@@ -96,9 +125,12 @@ class TextRun:
         show: tuple[str, ...] = ("loss", "eval_accuracy"),
     ) -> TextResult:
         """Run ``step_fn(step) -> metrics`` up to ``train.steps``; ``stop_at_step`` stops as a kill would."""
-        config, tcfg = self.config, self.config.train
-        logger = MetricsLogger(self.out, resume_step=self.start, tensorboard=config.output.tensorboard)
-        if self.start == 0 and config.eval.initial:
+        config, tcfg, main = self.config, self.config.train, self.world.is_main
+        if main:
+            logger = MetricsLogger(self.out, resume_step=self.start, tensorboard=config.output.tensorboard)
+        else:
+            logger = NullMetricsLogger()
+        if self.start == 0 and config.eval.initial and main:
             acc = evaluate_config(self.lm, config)
             if acc is not None:
                 logger.log(0, {"eval_accuracy": acc})
@@ -110,7 +142,8 @@ class TextRun:
         counts: dict[str, int] = {}
         n_window, t_window = 0, t0
         try:
-            with TrainProgress(tcfg.steps, self.start, config.name, enabled=tcfg.progress, unit=unit) as bar:
+            bar_on = tcfg.progress and main
+            with TrainProgress(tcfg.steps, self.start, config.name, enabled=bar_on, unit=unit) as bar:
                 while step < stop:
                     metrics = step_fn(step)
                     self.scheduler.step()
@@ -118,7 +151,7 @@ class TextRun:
                     n_window += 1
                     for k, v in metrics.items():
                         sums[k], counts[k] = sums.get(k, 0.0) + float(v), counts.get(k, 0) + 1
-                    if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps:
+                    if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps and main:
                         acc = evaluate_config(self.lm, config)
                         if acc is not None:
                             sums["eval_accuracy"], counts["eval_accuracy"] = acc, 1
@@ -131,7 +164,7 @@ class TextRun:
                         sums, counts, n_window, t_window = {}, {}, 0, now
                         logger.log(step, last)
                         bar.update(step, {k: last[k] for k in show if k in last})
-                    if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+                    if (step % tcfg.ckpt_every == 0 or step == tcfg.steps) and main:
                         extra = {
                             **(save_extra() if save_extra else {}),
                             "train_wall_s": self.prior_wall + time.perf_counter() - t0,
@@ -164,10 +197,15 @@ class TextRun:
             time.perf_counter() - t0,
             last,
         )
-        if result.finished or by_clock:
+        if (result.finished or by_clock) and main:
             source = f"{kind}:{config.name}:{unit}{step}"
             result.final_dir, result.eval_accuracy = finish_run(self.lm, config, step, source, self.log)
+        barrier(self.world)
         return result
+
+
+def _quiet(_: str) -> None:
+    pass
 
 
 def micro_batches(rows: Any, size: int | None) -> list[Any]:
@@ -224,10 +262,15 @@ def minibatch_epochs(
     return {k: v / max(n_steps, 1) for k, v in sums.items()}
 
 
-def clip_and_step(model: torch.nn.Module, loss: torch.Tensor, optimizer: Any, grad_clip: float | None) -> float:
-    """``zero_grad -> backward -> clip -> step``; the pre-clip gradient norm."""
+def clip_and_step(
+    model: torch.nn.Module, loss: torch.Tensor, optimizer: Any, grad_clip: float | None, world: World | None = None
+) -> float:
+    """``zero_grad -> backward -> (average over data-parallel ranks) -> clip -> step``; the pre-clip gradient
+    norm."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if world is not None:
+        average_gradients(model.parameters(), world)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
     optimizer.step()
     return float(norm)

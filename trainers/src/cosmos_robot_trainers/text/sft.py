@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.config import ConfigError
+from cosmos_robot.distributed import World, mean_over_ranks, shard_range
 from cosmos_robot.text.chat import TokenizedConversation, read_jsonl, tokenize_conversation
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot.text.packing import collate_rows, pack_bfd, packed_logits, token_log_probs
@@ -76,6 +78,15 @@ def sft_loss(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
     return -logp.sum() / max(count, 1), count
 
 
+def shard_rows(batch: dict[str, torch.Tensor], world: World) -> tuple[dict[str, torch.Tensor], float]:
+    """This rank's rows of a collated global batch and its loss weight: world size x its share of the global
+    batch's trained tokens, so the mean over ranks of the weighted per-rank token means is the global one."""
+    lo, hi = shard_range(int(batch["input_ids"].shape[0]), world)
+    total = int((batch["labels"][:, 1:] != -100).sum())
+    mine = {k: v[lo:hi] for k, v in batch.items()}
+    return mine, world.world_size * int((mine["labels"][:, 1:] != -100).sum()) / max(total, 1)
+
+
 def run_text_sft(
     config: TextSFTConfig,
     *,
@@ -86,13 +97,15 @@ def run_text_sft(
 ) -> TextResult:
     """Train (or continue) the recipe; ``stop_at_step`` stops as a kill would (tests of exact resume)."""
     run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
-    lm, tcfg = run.lm, config.train
-    convs, images = load_conversations(config, lm.tokenizer, log, lm.processor)
+    lm, tcfg, world = run.lm, config.train, run.world
+    convs, images = load_conversations(config, lm.tokenizer, run.log, lm.processor)
+    if world.distributed and images is not None:
+        raise ConfigError("image-text SFT runs in one process: data parallelism is built for text-only conversations")
     rows = make_rows(config, convs)
     sampler = EpochBatchSampler(len(rows), min(tcfg.batch_size, len(rows)), tcfg.seed)
     run.restore(lambda saved: sampler.load_state_dict(saved["sampler"]))
     params = sum(p.numel() for p in lm.model.parameters())
-    log(
+    run.log(
         f"model: {lm.model.config.model_type}, {params / 1e6:.3f} M parameters; {len(rows)} rows, "
         f"{tcfg.steps} steps of {sampler.batch_size}"
     )
@@ -106,13 +119,16 @@ def run_text_sft(
         else:  # image-text rows: M-RoPE positions and the rows' images
             rows_vl = [[(convs[i].input_ids, convs[i].assistant_mask, images[i]) for i in m] for m in members]
             batch = collate_vl_rows(lm.model, rows_vl, lm.pad_id)
+        weight = 1.0
+        if world.distributed:  # this rank's rows of the global batch, weighted by its share of the trained tokens
+            batch, weight = shard_rows(batch, world)
         loss, count = sft_loss(lm.model, {k: v.to(tcfg.device) for k, v in batch.items()})
         aux: dict[str, Any] = {}
         total = with_router_aux_loss(lm.model, loss, aux)  # MoE models: the router balancing term
-        norm = clip_and_step(lm.model, total, run.optimizer, config.optim.grad_clip)
-        return {"loss": float(loss.detach()), "grad_norm": norm, "tokens": float(count)} | {
-            k: float(v) for k, v in aux.items()
-        }
+        norm = clip_and_step(lm.model, total * weight, run.optimizer, config.optim.grad_clip, world)
+        metrics = {"loss": float(loss.detach()) * weight, "grad_norm": norm, "tokens": float(count) * world.world_size}
+        metrics |= {k: float(v) for k, v in aux.items()}
+        return {k: mean_over_ranks(v, world) for k, v in metrics.items()}
 
     sampler_state = lambda: {"sampler": sampler.state_dict()}  # noqa: E731
     return run.loop(step, kind="text_sft", save_extra=sampler_state, stop_at_step=stop_at_step)
