@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 import torch
 
-from cosmos_robot.config import ConfigError
+from cosmos_robot.config import ConfigError, find_recipe
 from cosmos_robot.distributed import (
     World,
     average_gradients,
@@ -126,6 +126,38 @@ def test_two_processes_train_the_single_process_curve_and_resume_at_one(recipe: 
     assert "resuming from" in resumed.stderr and "step_000003" in resumed.stderr
     _close(_curve(cut), curve)
     assert (cut / exported).is_file()
+
+
+def _without_ema(tmp_path: Path) -> str:
+    """The debug recipe without its EMA, which FSDP refuses (the EMA would hold shards)."""
+    recipe = tmp_path / "debug_no_ema.toml"
+    lines = Path(find_recipe("debug")).read_text().splitlines()
+    recipe.write_text("\n".join(line for line in lines if not line.startswith("ema_decay")) + "\n")
+    return str(recipe)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["debug", "debug_text_sft"])
+def test_fsdp_trains_the_single_process_curve_and_its_checkpoints_cross_both_ways(recipe: str, tmp_path: Path) -> None:
+    """FSDP2 (parameters, gradients and AdamW state sharded over 2 processes) against one process; a
+    sharded run resumed whole by one process, and a one-process run resumed sharded by two."""
+    path = _without_ema(tmp_path) if recipe == "debug" else recipe
+    sets = [f'data.root="{tmp_path / "demos"}"'] if recipe == "debug" else []
+    one = _train(path, tmp_path / "one", *sets)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _train(path, tmp_path / "two", *sets, "train.fsdp=true", nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "fsdp: parameters, gradients and AdamW state sharded over 2 processes" in two.stderr
+    curve = _curve(tmp_path / "two")
+    _close(curve, _curve(tmp_path / "one"))
+    assert (tmp_path / "two" / "final" / "manifest.json").is_file()  # exported from the gathered weights
+    whole = _train(path, killed_after(tmp_path / "two", tmp_path / "whole", 3), *sets)
+    assert whole.returncode == 0 and "step_000003" in whole.stderr, whole.stderr[-3000:]
+    _close(_curve(tmp_path / "whole"), curve)
+    cut = killed_after(tmp_path / "one", tmp_path / "sharded", 3)
+    sharded = _train(path, cut, *sets, "train.fsdp=true", nproc=2)
+    assert sharded.returncode == 0 and "step_000003" in sharded.stderr, sharded.stderr[-3000:]
+    _close(_curve(cut), curve)
 
 
 def test_nproc_refuses_a_trainer_without_data_parallelism(tmp_path: Path) -> None:

@@ -96,9 +96,14 @@ class TrainConfig(StrictModel):
     deterministic: bool = True  # deterministic kernels (exact resume); slightly slower on some ops
     max_wall_minutes: float | None = Field(default=None, gt=0)  # stop (checkpoint + export) after this much training
     progress: bool = True  # show the progress bar (stderr)
+    # data-parallel runs (--nproc N): shard parameters, gradients and AdamW state over the processes (FSDP2)
+    # instead of replicating them; checkpoints stay whole, so a run may resume with or without it
+    fsdp: bool = False
 
     @model_validator(mode="after")
     def _cadence(self) -> TrainConfig:
+        if self.fsdp and self.ema_decay is not None:
+            raise ValueError("train.fsdp with train.ema_decay: the EMA would hold sharded copies; unset one of them")
         if self.ckpt_every % self.log_every:
             raise ValueError(
                 f"train.ckpt_every ({self.ckpt_every}) must be a multiple of train.log_every ({self.log_every}) "
@@ -164,6 +169,7 @@ RUNTIME_FIELDS = frozenset(
         "train.keep_checkpoints",
         "train.max_wall_minutes",
         "train.progress",
+        "train.fsdp",
         "output",
         "eval",
     }

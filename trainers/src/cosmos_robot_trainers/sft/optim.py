@@ -50,12 +50,15 @@ def build_optimizer(
     """AdamW over ``groups`` (the family adapter's ``param_groups``; default: ``default_param_groups``)
     and its schedule."""
     device = next(model.parameters()).device
+    # FSDP2's parameters (DTensors): the fused kernel takes plain tensors only
+    sharded = any(type(p).__name__ == "DTensor" for p in model.parameters())
     optimizer = torch.optim.AdamW(
         groups if groups is not None else default_param_groups(model, cfg),
         lr=cfg.lr,
         betas=cfg.betas,
         eps=cfg.eps,
-        fused=device.type in ("cpu", "cuda"),
+        fused=device.type in ("cpu", "cuda") and not sharded,
+        foreach=False if sharded else None,  # sharded and whole (0-d) parameters do not stack
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, cfg))
     return optimizer, scheduler

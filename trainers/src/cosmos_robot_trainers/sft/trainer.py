@@ -17,6 +17,8 @@ Data parallel (``torchrun``, or ``cosmos-robot train RECIPE --nproc N``; cosmos_
 every rank draws the whole global batch as one process would and trains on its slice; gradients and the
 logged loss are averaged over ranks, and rank 0 alone records data, writes metrics and checkpoints,
 evaluates and exports. The checkpoint is the single-process one, so a run resumes at any world size.
+``train.fsdp`` shards parameters, gradients and AdamW state instead (common/fsdp.py); its checkpoints are
+gathered whole, so they too resume with or without sharding.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from cosmos_robot_trainers.common import (
     TrainProgress,
     capture_rng_state,
     configure_torch,
+    fsdp,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
@@ -134,8 +137,24 @@ class _Run:
         """Training seconds of the whole run at ``now``, across resumes."""
         return self.prior_wall_s + now - self.t0
 
-    def servable(self) -> BatchPolicy:
-        return self.adapter.servable(self.model, self.data, self.ema)
+    @property
+    def sharded(self) -> bool:
+        return self.world.distributed and self.config.train.fsdp
+
+    def whole_model(self) -> nn.Module | None:
+        """The model with whole parameters: itself, or with FSDP a fresh one holding the gathered weights on
+        rank 0 (None elsewhere; a collective)."""
+        if not self.sharded:
+            return self.model if self.world.is_main else None
+        state = fsdp.full_model_state(self.model)
+        if not self.world.is_main:
+            return None
+        whole = self.adapter.build_model(self.config, self.device)
+        whole.load_state_dict(state)
+        return whole
+
+    def servable(self, model: nn.Module | None = None) -> BatchPolicy:
+        return self.adapter.servable(model if model is not None else self.model, self.data, self.ema)
 
 
 def run_sft(
@@ -185,7 +204,7 @@ def run_sft(
         record=record,
         last_metrics=run.last,
     )
-    if (result.finished or stopped_by_clock) and world.is_main:
+    if result.finished or stopped_by_clock:
         _export_and_evaluate(run, result, log)
     barrier(world)
     return result
@@ -223,6 +242,12 @@ def _setup(
     device = torch.device(tcfg.device)
     model = adapter.build_model(config, device)
     broadcast_parameters(model, world)
+    if world.distributed and tcfg.fsdp:
+        fsdp.shard_model(model)
+        whole = sum(p.numel() for p in fsdp.replicated_params(model))
+        log(f"fsdp: parameters, gradients and AdamW state sharded over {world.world_size} processes ({whole} whole)")
+    elif tcfg.fsdp:
+        log("train.fsdp shards over data-parallel processes (--nproc N); this one-process run keeps whole tensors")
     model.train()
     optimizer, scheduler = build_optimizer(model, config.optim, tcfg.steps, adapter.param_groups(model, config))
     ema = EMA(model, tcfg.ema_decay) if tcfg.ema_decay is not None else None
@@ -230,7 +255,8 @@ def _setup(
     generator = torch.Generator().manual_seed(tcfg.seed + 1)
     start, prior_wall_s = 0, 0.0
     if ckpt_path is not None:
-        start, prior_wall_s = _restore(ckpt_path, model, optimizer, scheduler, ema, sampler, generator, data)
+        sharded = world.distributed and tcfg.fsdp
+        start, prior_wall_s = _restore(ckpt_path, model, optimizer, scheduler, ema, sampler, generator, data, sharded)
         log(f"resuming from {ckpt_path} (step {start})")
     params = sum(p.numel() for p in model.parameters())
     log(f"model: {params / 1e6:.2f} M parameters; {tcfg.steps} steps of batch {sampler.batch_size}")
@@ -281,7 +307,7 @@ def _train(run: _Run, stop: int, log: Callable[[str], None]) -> bool:
             out_of_time = time.perf_counter() > deadline
             if run.step % tcfg.ckpt_every == 0 or run.step == tcfg.steps or out_of_time:
                 _checkpoint(run)
-            if eval_every and run.step % eval_every == 0 and run.step < tcfg.steps and run.world.is_main:
+            if eval_every and run.step % eval_every == 0 and run.step < tcfg.steps:
                 _evaluate(run)
             if out_of_time:
                 log(f"train.max_wall_minutes reached at step {run.step}; exporting what we have")
@@ -317,7 +343,8 @@ def _train_step(
         loss = loss * weight
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    average_gradients(run.model.parameters(), run.world)
+    # FSDP averages the sharded gradients while it reduce-scatters them; the rest are averaged here
+    average_gradients(fsdp.replicated_params(run.model) if run.sharded else run.model.parameters(), run.world)
     grad_norm = _clip(run.model, run.config.optim.grad_clip)
     run.optimizer.step()
     run.scheduler.step()
@@ -348,12 +375,16 @@ def _log_window(run: _Run, bar: TrainProgress) -> None:
 
 def _checkpoint(run: _Run) -> None:
     """Phase checkpoint: everything that decides the next step (the module docstring lists it); rank 0
-    saves it, the same for every rank."""
+    saves it, the same for every rank (with FSDP, gathered from the shards first)."""
+    if run.sharded:
+        weights, optimizer = fsdp.full_state(run.model, run.optimizer)
+    elif run.world.is_main:
+        weights, optimizer = run.model.state_dict(), run.optimizer.state_dict()
     if not run.world.is_main:
         return
     wall = run.wall_s(time.perf_counter())
     state: dict[str, Any] = {
-        "optimizer": run.optimizer.state_dict(),
+        "optimizer": optimizer,
         "scheduler": run.scheduler.state_dict(),
         "ema": run.ema.state_dict() if run.ema is not None else None,
         "sampler": run.sampler.state_dict(),
@@ -364,20 +395,26 @@ def _checkpoint(run: _Run) -> None:
     }
     info = {"epoch": round(run.sampler.epoch, 3), "train_wall_s": round(wall, 1), **run.last}
     keep = run.config.train.keep_checkpoints
-    save_checkpoint(run.out / CHECKPOINTS, run.step, run.model.state_dict(), state, info, keep_last=keep)
+    save_checkpoint(run.out / CHECKPOINTS, run.step, weights, state, info, keep_last=keep)
 
 
 def _evaluate(run: _Run) -> None:
-    """Phase eval (``eval.initial`` at step 0, every ``eval.every`` steps): the servable policy on the eval suite."""
-    step = run.step
-    results = evaluate_policy(run.servable(), run.config.eval, run.out / "eval" / f"step_{step:06d}", f"sft:step{step}")
+    """Phase eval (``eval.initial`` at step 0, every ``eval.every`` steps): the servable policy on the eval
+    suite, on rank 0."""
+    step, whole = run.step, run.whole_model()
+    if whole is None:
+        return
+    folder = run.out / "eval" / f"step_{step:06d}"
+    results = evaluate_policy(run.servable(whole), run.config.eval, folder, f"sft:step{step}")
     run.logger.log(step, {"eval_success": results["totals"]["success_rate"]})
 
 
 def _export_and_evaluate(run: _Run, result: SFTResult, log: Callable[[str], None]) -> None:
     """Phase export: ``final/`` (a servable policy folder), the learning curve and the final evaluation."""
-    config, out = run.config, run.out
-    policy = run.servable()
+    config, out, whole = run.config, run.out, run.whole_model()
+    if whole is None:  # not rank 0
+        return
+    policy = run.servable(whole)
     result.final_dir = export_policy(policy, out / "final", source=f"sft:{config.name}:step{run.step}")
     log(f"final policy: {result.final_dir} (training {result.total_train_wall_s / 60:.1f} min)")
     if config.output.plot:
@@ -401,6 +438,9 @@ def sft_adapter(config: SFTConfig, log: Callable[[str], None] = print) -> SFTAda
 
 
 def _clip(model: torch.nn.Module, max_norm: float | None) -> float:
+    if fsdp.is_sharded(model):  # DTensor gradients: the norm over every shard, then whole
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm is not None else math.inf)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     if max_norm is None:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
@@ -416,6 +456,7 @@ def _restore(
     sampler: EpochBatchSampler,
     generator: torch.Generator,
     data: Any,
+    sharded: bool = False,
 ) -> tuple[int, float]:
     ckpt = load_checkpoint(path)
     state = ckpt.state
@@ -424,8 +465,11 @@ def _restore(
             f"{path}: the dataset changed since this checkpoint (saved {state.get('data')}, now {data.fingerprint()}); "
             "pass --overwrite to start over"
         )
-    model.load_state_dict(ckpt.model)
-    optimizer.load_state_dict(state["optimizer"])
+    if sharded:  # the whole checkpoint, sharded into this rank's parameters and AdamW state
+        fsdp.load_full_state(model, optimizer, ckpt.model, state["optimizer"])
+    else:
+        model.load_state_dict(ckpt.model)
+        optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if ema is not None:
         if state.get("ema") is None:

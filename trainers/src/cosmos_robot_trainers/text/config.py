@@ -83,9 +83,12 @@ class TextTrainConfig(StrictModel):
     deterministic: bool = True
     max_wall_minutes: float | None = Field(default=None, gt=0)
     progress: bool = True
+    fsdp: bool = False  # data-parallel text SFT: shard parameters, gradients and AdamW state (FSDP2; float32)
 
     @model_validator(mode="after")
     def _cadence(self) -> TextTrainConfig:
+        if self.fsdp and self.dtype != "float32":
+            raise ValueError("train.fsdp shards float32 models; with train.dtype = 'bfloat16' it is not built yet")
         if self.ckpt_every % self.log_every:
             raise ValueError(
                 f"train.ckpt_every ({self.ckpt_every}) must be a multiple of train.log_every ({self.log_every})"
@@ -136,6 +139,7 @@ RUNTIME_FIELDS = frozenset(
         "train.keep_checkpoints",
         "train.max_wall_minutes",
         "train.progress",
+        "train.fsdp",
         "output",
         "eval",
     }

@@ -36,6 +36,7 @@ from cosmos_robot_trainers.common import (
     NullMetricsLogger,
     TrainProgress,
     configure_torch,
+    fsdp,
     seed_everything,
 )
 from cosmos_robot_trainers.common import rundir as _rundir
@@ -90,6 +91,12 @@ class TextRun:
         seed_everything(tcfg.seed)
         self.lm: CausalLM = load_lm(config.init, config.model, tcfg.dtype, tcfg.device)
         broadcast_parameters(self.lm.model, self.world)
+        self.sharded = self.world.distributed and tcfg.fsdp
+        if self.sharded:
+            fsdp.shard_model(self.lm.model)
+            self.log(f"fsdp: parameters, gradients and AdamW state sharded over {self.world.world_size} processes")
+        elif tcfg.fsdp:
+            self.log("train.fsdp shards over data-parallel processes (--nproc N); this run keeps whole tensors")
         if self.world.distributed:
             ws, per = self.world.world_size, tcfg.batch_size // self.world.world_size
             self.log(f"data parallel: {ws} processes ({self.world.backend}), {per} rows of each batch per process")
@@ -97,6 +104,19 @@ class TextRun:
         install_router_aux_loss(self.lm.model)  # MoE: the router balancing loss joins training forwards
         self.optimizer, self.scheduler = build_text_optimizer(self.lm.model, config.optim, tcfg.steps)
         self.start, self.prior_wall = 0, 0.0
+
+    def whole_lm(self) -> CausalLM | None:
+        """The model with whole parameters on rank 0 (None elsewhere): itself, or with FSDP a fresh copy
+        holding the gathered weights (a collective)."""
+        if not self.sharded:
+            return self.lm if self.world.is_main else None
+        state = fsdp.full_model_state(self.lm.model)
+        if not self.world.is_main:
+            return None
+        tcfg = self.config.train
+        lm = load_lm(self.config.init, self.config.model, tcfg.dtype, tcfg.device)
+        lm.model.load_state_dict(state)
+        return lm
 
     def reference(self) -> Any:
         """A frozen copy of the initial model (KL penalties, DPO)."""
@@ -108,7 +128,9 @@ class TextRun:
         """Continue from the newest checkpoint, if the run folder has one."""
         if self.ckpt_path is None:
             return
-        self.start, saved = restore_text_state(self.ckpt_path, self.lm.model, self.optimizer, self.scheduler)
+        self.start, saved = restore_text_state(
+            self.ckpt_path, self.lm.model, self.optimizer, self.scheduler, sharded=self.sharded
+        )
         self.prior_wall = float(saved.get("train_wall_s", 0.0))
         if load_extra is not None:
             load_extra(saved)
@@ -130,8 +152,9 @@ class TextRun:
             logger = MetricsLogger(self.out, resume_step=self.start, tensorboard=config.output.tensorboard)
         else:
             logger = NullMetricsLogger()
-        if self.start == 0 and config.eval.initial and main:
-            acc = evaluate_config(self.lm, config)
+        if self.start == 0 and config.eval.initial:
+            whole = self.whole_lm()
+            acc = evaluate_config(whole, config) if whole is not None else None
             if acc is not None:
                 logger.log(0, {"eval_accuracy": acc})
                 self.log(f"initial eval: {100 * acc:.1f}% exact")
@@ -151,8 +174,9 @@ class TextRun:
                     n_window += 1
                     for k, v in metrics.items():
                         sums[k], counts[k] = sums.get(k, 0.0) + float(v), counts.get(k, 0) + 1
-                    if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps and main:
-                        acc = evaluate_config(self.lm, config)
+                    if config.eval.every and step % config.eval.every == 0 and step < tcfg.steps:
+                        whole = self.whole_lm()
+                        acc = evaluate_config(whole, config) if whole is not None else None
                         if acc is not None:
                             sums["eval_accuracy"], counts["eval_accuracy"] = acc, 1
                     if step % tcfg.log_every == 0 or step == stop:
@@ -164,6 +188,9 @@ class TextRun:
                         sums, counts, n_window, t_window = {}, {}, 0, now
                         logger.log(step, last)
                         bar.update(step, {k: last[k] for k in show if k in last})
+                    gathered = None
+                    if (step % tcfg.ckpt_every == 0 or step == tcfg.steps) and self.sharded:
+                        gathered = fsdp.full_state(self.lm.model, self.optimizer)
                     if (step % tcfg.ckpt_every == 0 or step == tcfg.steps) and main:
                         extra = {
                             **(save_extra() if save_extra else {}),
@@ -178,6 +205,7 @@ class TextRun:
                             extra,
                             tcfg.keep_checkpoints,
                             info={"loss": last.get("loss")},
+                            whole=gathered,
                         )
                     if (
                         tcfg.max_wall_minutes
@@ -197,9 +225,10 @@ class TextRun:
             time.perf_counter() - t0,
             last,
         )
-        if (result.finished or by_clock) and main:
+        whole = self.whole_lm() if result.finished or by_clock else None
+        if whole is not None:
             source = f"{kind}:{config.name}:{unit}{step}"
-            result.final_dir, result.eval_accuracy = finish_run(self.lm, config, step, source, self.log)
+            result.final_dir, result.eval_accuracy = finish_run(whole, config, step, source, self.log)
         barrier(self.world)
         return result
 
@@ -269,8 +298,9 @@ def clip_and_step(
     norm."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    if world is not None:
-        average_gradients(model.parameters(), world)
+    sharded = fsdp.is_sharded(model)
+    if world is not None:  # FSDP averages its shards' gradients itself; the rest are averaged here
+        average_gradients(fsdp.replicated_params(model) if sharded else model.parameters(), world)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
     optimizer.step()
-    return float(norm)
+    return float(norm.full_tensor() if sharded and hasattr(norm, "full_tensor") else norm)

@@ -33,23 +33,32 @@ def save_text_state(
     extra: dict[str, Any],
     keep: int,
     info: dict[str, Any] | None = None,
+    whole: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> Path:
+    """``whole``: the (model, optimizer) state gathered from FSDP shards, saved instead of the objects'."""
+    weights, optimizer_state = whole if whole is not None else (model.state_dict(), optimizer.state_dict())
     state = {
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "scheduler": scheduler.state_dict(),
         "rng": capture_rng_state(),
         **extra,
     }
-    return save_checkpoint(out / CHECKPOINTS, step, model.state_dict(), state, info=info, keep_last=keep)
+    return save_checkpoint(out / CHECKPOINTS, step, weights, state, info=info, keep_last=keep)
 
 
 def restore_text_state(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, sharded: bool = False
 ) -> tuple[int, dict[str, Any]]:
-    """Load ``path`` into the objects; ``(step, the whole saved state)`` for the trainer's own fields."""
+    """Load ``path`` into the objects (``sharded``: into FSDP shards); ``(step, the whole saved state)`` for
+    the trainer's own fields."""
     ck = load_checkpoint(path)
-    model.load_state_dict(ck.model)
-    optimizer.load_state_dict(ck.state["optimizer"])
+    if sharded:
+        from cosmos_robot_trainers.common import fsdp
+
+        fsdp.load_full_state(model, optimizer, ck.model, ck.state["optimizer"])
+    else:
+        model.load_state_dict(ck.model)
+        optimizer.load_state_dict(ck.state["optimizer"])
     scheduler.load_state_dict(ck.state["scheduler"])
     restore_rng_state(ck.state["rng"])
     return ck.step, ck.state

@@ -1,0 +1,141 @@
+"""FSDP2 for the trainers: parameters, gradients and optimizer state sharded over the data-parallel ranks.
+
+Why: data parallelism (cosmos_robot/distributed.py) keeps a whole copy of the model and its AdamW state
+on every rank, which caps the model at what one device holds. ``fully_shard`` (torch's FSDP2) keeps a
+1/N shard per rank and gathers each block's parameters just for its forward and backward.
+
+- ``shard_model`` shards every block of the model's ``nn.ModuleList`` stacks, then the rest as one unit.
+  0-d parameters (which ``fully_shard`` refuses) stay whole on every rank; the trainer averages their
+  gradients itself (``replicated_params``).
+  It registers the families' loss method (``flow_loss``, which every SFT adapter calls instead of
+  ``forward``) as a forward, so the root's parameters are gathered for it too.
+- Checkpoints stay the single-process ones (whole tensors; the optimizer state keyed by position as
+  ``optimizer.state_dict()`` keys it): ``full_state`` gathers them to rank 0 and ``load_full_state``
+  shards them back, so a run resumes at any world size, sharded or not.
+- ``full_model_state`` gathers the weights for an export or an evaluation on rank 0.
+
+Every function here is a collective: every rank calls it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["full_model_state", "full_state", "is_sharded", "load_full_state", "replicated_params", "shard_model"]
+
+FORWARD_METHODS = ("flow_loss",)
+
+
+def shard_model(model: nn.Module) -> nn.Module:
+    """``fully_shard`` each block of the model's ModuleList stacks, then the model (in place; returned)."""
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+
+    scalars = {p for p in model.parameters() if p.dim() == 0}  # fully_shard refuses 0-d parameters
+    for module in list(model.modules()):
+        if isinstance(module, nn.ModuleList):
+            for block in module:
+                if any(True for _ in block.parameters()):
+                    fully_shard(block, ignored_params=scalars)
+    fully_shard(model, ignored_params=scalars)
+    for name in FORWARD_METHODS:
+        if callable(getattr(model, name, None)):
+            register_fsdp_forward_method(model, name)
+    return model
+
+
+def replicated_params(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters ``shard_model`` left whole (0-d ones): their gradients are the caller's to average."""
+    return [p for p in model.parameters() if not _is_dtensor(p)]
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_model_state(model: nn.Module) -> dict[str, Any]:
+    """The whole weights on rank 0 (CPU tensors); ``{}`` on the other ranks."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options())
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(model state, optimizer state)`` as one process saves them, on rank 0; ``({}, {})`` elsewhere."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options())
+    return model_sd, (_by_position(optim_sd) if optim_sd else {})
+
+
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+) -> None:
+    """Shard a single-process checkpoint's state (every rank passes the whole of it) into the model and
+    the optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=model_sd,
+        optim_state_dict=_by_name(optim_sd, model, optimizer),
+        options=StateDictOptions(full_state_dict=True),
+    )
+
+
+def _by_position(optim_sd: dict[str, Any]) -> dict[str, Any]:
+    """torch.distributed.checkpoint keys optimizer state by parameter name; ``optimizer.state_dict()`` by
+    position across the groups. The checkpoint keeps the latter, so every way of training reads it."""
+    position: dict[str, int] = {}
+    groups = []
+    for group in optim_sd["param_groups"]:
+        ids = []
+        for name in group["params"]:
+            position[name] = len(position)
+            ids.append(position[name])
+        groups.append({**group, "params": ids})
+    return {"state": {position[n]: s for n, s in optim_sd["state"].items()}, "param_groups": groups}
+
+
+def _by_name(optim_sd: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    groups, i = [], 0
+    for group in optim_sd["param_groups"]:
+        n = len(group["params"])
+        groups.append({**group, "params": order[i : i + n]})
+        i += n
+    if i != len(order):
+        raise ValueError(f"optimizer state: the checkpoint has {i} parameters, this optimizer {len(order)}")
+    state = {order[int(k)]: s for k, s in optim_sd["state"].items()}
+    # a parameter that never had a gradient (a head the loss does not reach) has no AdamW state in a
+    # one-process checkpoint, and set_state_dict wants one for every parameter: its fresh state (zero
+    # moments, step 0), shaped like the whole parameter
+    template = next(iter(state.values()), None)
+    if template is not None:
+        params = dict(model.named_parameters())
+        for name in order:
+            if name not in state:
+                shape, dtype = params[name].shape, params[name].dtype
+                state[name] = {
+                    key: torch.zeros_like(value) if key == "step" else torch.zeros(shape, dtype=dtype)
+                    for key, value in template.items()
+                }
+    return {"state": state, "param_groups": groups}
