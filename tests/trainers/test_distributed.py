@@ -22,7 +22,8 @@ from cosmos_robot.distributed import (
     world_from_env,
 )
 from cosmos_robot_trainers.common import read_metrics
-from cosmos_robot_trainers.launch import check_world_size
+from cosmos_robot_trainers.launch import check_world_size, load_train_recipe
+from cosmos_robot_trainers.sft import run_sft
 from cosmos_robot_trainers.sft.data import TrainData
 from tests.trainers.test_rl import killed_after
 
@@ -74,6 +75,20 @@ def test_trainers_without_data_parallelism_refuse_several_processes() -> None:
     check_world_size("grpo", 1)
     with pytest.raises(ConfigError, match="trainer 'grpo' runs in one process.*built for: sft"):
         check_world_size("grpo", 2)
+
+
+def test_recipes_refuse_what_sharding_cannot_do_naming_the_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match=r"train\.fsdp with train\.ema_decay"):
+        load_train_recipe("debug", ["train.fsdp=true"])  # the debug recipe keeps an EMA
+    with pytest.raises(ConfigError, match=r"train\.fsdp shards float32 models"):
+        load_train_recipe("debug_text_sft", ["train.fsdp=true", 'train.dtype="bfloat16"'])
+    _, config = load_train_recipe("debug", ["train.batch_size=9"])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)  # no process group is started
+    monkeypatch.setattr("torch.distributed.get_backend", lambda: "gloo")
+    with pytest.raises(ConfigError, match=r"train\.batch_size=9 is not divisible by the 2 training processes"):
+        run_sft(config)
 
 
 def _train(recipe: str, out: Path, *sets: str, nproc: int = 1) -> subprocess.CompletedProcess[str]:
