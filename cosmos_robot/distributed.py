@@ -20,13 +20,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from cosmos_robot.config import ConfigError
+
 __all__ = [
     "World",
+    "any_rank",
     "average_gradients",
     "barrier",
     "broadcast_parameters",
@@ -71,11 +75,20 @@ def world_from_env(device: str | torch.device = "cpu") -> World:
         rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     except (KeyError, ValueError) as exc:
         raise RuntimeError(f"WORLD_SIZE={size} but RANK is missing or not an integer: launch with torchrun") from exc
-    backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is not None:
+        raise ConfigError(
+            f"train.device={str(dev)!r} names one GPU, and {size} processes would share it: use 'cuda' "
+            "(each data-parallel process takes the GPU of its LOCAL_RANK)"
+        )
+    backend = "nccl" if dev.type == "cuda" else "gloo"
     if not dist.is_initialized():
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend=backend)
+        # rank 0 alone records data, evaluates and exports while the others wait in a collective: a
+        # default timeout (NCCL's 10 minutes) would abort a long evaluation
+        timeout = timedelta(seconds=float(os.environ.get("COSMOS_ROBOT_DIST_TIMEOUT_S", 4 * 3600)))
+        dist.init_process_group(backend=backend, timeout=timeout)
     return World(rank=rank, world_size=size, local_rank=local_rank, backend=str(dist.get_backend()))
 
 
@@ -103,6 +116,14 @@ def average_gradients(params: Any, world: World) -> None:
         for g in group:
             g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+def any_rank(flag: bool, world: World) -> bool:
+    """True on every rank when it is true on any (a decision all ranks must take together, such as a
+    wall-clock stop that each rank's own clock would time differently)."""
+    if not world.distributed:
+        return flag
+    return mean_over_ranks(float(flag), world) > 0
 
 
 def mean_over_ranks(value: float, world: World) -> float:

@@ -44,6 +44,9 @@ def test_a_world_of_one_is_the_default_and_its_collectives_are_identities(monkey
     monkeypatch.delenv("RANK", raising=False)
     with pytest.raises(RuntimeError, match="RANK is missing.*torchrun"):
         world_from_env()
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigError, match=r"train\.device='cuda:0' names one GPU, and 2 processes would share it"):
+        world_from_env("cuda:0")
 
 
 def test_shard_range_splits_the_global_batch_and_names_an_indivisible_one() -> None:

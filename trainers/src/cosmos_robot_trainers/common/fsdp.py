@@ -34,7 +34,7 @@ def shard_model(model: nn.Module) -> nn.Module:
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     scalars = {p for p in model.parameters() if p.dim() == 0}  # fully_shard refuses 0-d parameters
-    for module in list(model.modules()):
+    for module in reversed(list(model.modules())):  # inner stacks first: FSDP nests bottom-up
         if isinstance(module, nn.ModuleList):
             for block in module:
                 if any(True for _ in block.parameters()):

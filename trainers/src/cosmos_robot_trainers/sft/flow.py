@@ -26,6 +26,7 @@ __all__ = ["FlowSFTAdapter"]
 
 
 class FlowSFTAdapter:
+    supports_fsdp = True  # build_model makes a fresh FlowModel: a whole copy can be rebuilt for export
     """``SFTAdapter`` of the flow family (see ``sft.adapter``)."""
 
     def load_base(self, config: SFTConfig, init: Path | None) -> None:

@@ -37,6 +37,7 @@ from torch import nn
 from cosmos_robot.config import ConfigError
 from cosmos_robot.distributed import (
     World,
+    any_rank,
     average_gradients,
     barrier,
     broadcast_parameters,
@@ -149,7 +150,10 @@ class _Run:
         state = fsdp.full_model_state(self.model)
         if not self.world.is_main:
             return None
-        whole = self.adapter.build_model(self.config, self.device)
+        # on the CPU, with the random state put back after the build: checkpoints save it, and rank 0's must
+        # stay the other ranks' (a resume is exact only then)
+        with torch.random.fork_rng(devices=[]):
+            whole = self.adapter.build_model(self.config, torch.device("cpu"))
         whole.load_state_dict(state)
         return whole
 
@@ -243,6 +247,11 @@ def _setup(
     model = adapter.build_model(config, device)
     broadcast_parameters(model, world)
     if world.distributed and tcfg.fsdp:
+        if not getattr(adapter, "supports_fsdp", False):
+            raise ConfigError(
+                f"train.fsdp: the {type(adapter).__name__} family wraps its base checkpoint's own modules, which "
+                "FSDP cannot rebuild whole for export yet; use data parallelism without train.fsdp"
+            )
         fsdp.shard_model(model)
         whole = sum(p.numel() for p in fsdp.replicated_params(model))
         log(f"fsdp: parameters, gradients and AdamW state sharded over {world.world_size} processes ({whole} whole)")
@@ -305,6 +314,8 @@ def _train(run: _Run, stop: int, log: Callable[[str], None]) -> bool:
             if run.step % tcfg.log_every == 0 or run.step == tcfg.steps:
                 _log_window(run, bar)
             out_of_time = time.perf_counter() > deadline
+            if deadline != math.inf:  # every rank stops at the same step (a collective follows)
+                out_of_time = any_rank(out_of_time, run.world)
             if run.step % tcfg.ckpt_every == 0 or run.step == tcfg.steps or out_of_time:
                 _checkpoint(run)
             if eval_every and run.step % eval_every == 0 and run.step < tcfg.steps:

@@ -23,6 +23,7 @@ import torch
 from cosmos_robot.config import ConfigError
 from cosmos_robot.distributed import (
     World,
+    any_rank,
     average_gradients,
     barrier,
     broadcast_parameters,
@@ -114,7 +115,8 @@ class TextRun:
         if not self.world.is_main:
             return None
         tcfg = self.config.train
-        lm = load_lm(self.config.init, self.config.model, tcfg.dtype, tcfg.device)
+        with torch.random.fork_rng(devices=[]):  # rank 0's random state must stay the other ranks'
+            lm = load_lm(self.config.init, self.config.model, tcfg.dtype, "cpu")
         lm.model.load_state_dict(state)
         return lm
 
@@ -207,9 +209,8 @@ class TextRun:
                             info={"loss": last.get("loss")},
                             whole=gathered,
                         )
-                    if (
-                        tcfg.max_wall_minutes
-                        and self.prior_wall + time.perf_counter() - t0 > 60 * tcfg.max_wall_minutes
+                    if tcfg.max_wall_minutes and any_rank(
+                        self.prior_wall + time.perf_counter() - t0 > 60 * tcfg.max_wall_minutes, self.world
                     ):
                         by_clock = step < stop
                         self.log(f"train.max_wall_minutes reached after {unit} {step}; exporting what we have")

@@ -103,6 +103,11 @@ def run_text_sft(
         raise ConfigError("image-text SFT runs in one process: data parallelism is built for text-only conversations")
     rows = make_rows(config, convs)
     sampler = EpochBatchSampler(len(rows), min(tcfg.batch_size, len(rows)), tcfg.seed)
+    if sampler.batch_size % world.world_size:
+        raise ConfigError(
+            f"the batch is min(train.batch_size, rows) = {sampler.batch_size} rows, not divisible by the "
+            f"{world.world_size} training processes"
+        )
     run.restore(lambda saved: sampler.load_state_dict(saved["sampler"]))
     params = sum(p.numel() for p in lm.model.parameters())
     run.log(
