@@ -192,6 +192,21 @@ def test_parity_with_lerobot_pi05() -> None:
     assert report["ok"] and report["action_max_abs_diff"] == 0.0 and report["action_scale"] > 0.1
 
 
+def test_numerics_stages_are_all_equal_to_lerobot_on_the_tiny_model(tmp_path: Path) -> None:
+    """benchmarks/numerics_pi05_stages.py, which names the first stage where our float32 pi0.5 departs from
+    LeRobot's on the H200: on the CPU every stage is bitwise LeRobot's, our layers fed LeRobot's embeddings
+    included (so a non-zero row there on a GPU is the GPU's, not the script's)."""
+    out = tmp_path / "stages.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "numerics_pi05_stages.py"), "--size", "tiny", "--out", str(out)],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert any("LeRobot's embeddings in" in name for name in rows) and "chunk (model space)" in rows
+    assert all(value == 0.0 for value in rows.values()), {k: v for k, v in rows.items() if v}
+
+
 def test_bf16_parity_with_lerobot_keeps_its_float32_islands() -> None:
     """In bfloat16 LeRobot keeps the vision path, the norms and the action projections in float32;
     ``precision="mixed"`` (the default) does too, and lands within 2e-3 of it on actions of scale ~7."""
