@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from cosmos_robot.config import ConfigError, find_recipe
 from cosmos_robot.distributed import (
@@ -176,6 +177,37 @@ def test_fsdp_trains_the_single_process_curve_and_its_checkpoints_cross_both_way
     sharded = _train(path, cut, *sets, "train.fsdp=true", nproc=2)
     assert sharded.returncode == 0 and "step_000003" in sharded.stderr, sharded.stderr[-3000:]
     _close(_curve(cut), curve)
+
+
+@pytest.mark.slow
+def test_sharded_checkpoints_resume_at_another_world_size_and_export_consolidated(tmp_path: Path) -> None:
+    """``train.checkpoint_format = "sharded"``: each of 2 FSDP processes writes its own shards
+    (torch.distributed.checkpoint); one process resumes from them, and ``cosmos-robot export`` joins them
+    into the same weights as a whole checkpoint of the same step."""
+    recipe, sets = _without_ema(tmp_path), [f'data.root="{tmp_path / "demos"}"']
+    whole = _train(recipe, tmp_path / "whole", *sets, "train.fsdp=true", nproc=2)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    two = _train(recipe, tmp_path / "two", *sets, "train.fsdp=true", 'train.checkpoint_format="sharded"', nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    step3 = tmp_path / "two" / "checkpoints" / "step_000003"
+    assert (step3 / "sharded" / ".metadata").is_file() and not (step3 / "model.safetensors").exists()
+    assert len(list((step3 / "sharded").glob("*.distcp"))) == 2  # one file per rank: nothing gathered
+    curve = _curve(tmp_path / "two")
+    _close(curve, _curve(tmp_path / "whole"))
+    cut = killed_after(tmp_path / "two", tmp_path / "resumed", 3)
+    resumed = _train(recipe, cut, *sets)  # one process, whole checkpoints from here on
+    assert resumed.returncode == 0 and "step_000003" in resumed.stderr, resumed.stderr[-3000:]
+    _close(_curve(cut), curve)
+    exported = subprocess.run(
+        [sys.executable, "-m", "cosmos_robot.cli", "export", str(step3), "--out", str(tmp_path / "export")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    said = exported.stdout + exported.stderr
+    assert exported.returncode == 0 and "consolidated from its shards" in said, said[-3000:]
+    joined = load_file(str(tmp_path / "export" / "model.safetensors"))
+    reference = load_file(str(tmp_path / "whole" / "checkpoints" / "step_000003" / "model.safetensors"))
+    assert joined.keys() == reference.keys()
+    assert all(torch.equal(joined[k], reference[k]) for k in joined)
 
 
 def test_nproc_refuses_a_trainer_without_data_parallelism(tmp_path: Path) -> None:

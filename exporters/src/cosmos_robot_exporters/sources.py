@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ __all__ = ["RunSource", "family_for", "load_trained_weights", "resolve_run", "sf
 RUN_CONFIG = "config.resolved.json"
 CHECKPOINTS = "checkpoints"
 MODEL_FILE, STATE_FILE = "model.safetensors", "trainer_state.pt"
+SHARDED_DIR = "sharded"  # a sharded checkpoint's torch.distributed.checkpoint folder (train.checkpoint_format)
 FINAL = "final"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 
@@ -72,7 +74,8 @@ class RunSource:
 
 
 def _complete(step_dir: Path) -> bool:
-    return (step_dir / MODEL_FILE).is_file() and (step_dir / STATE_FILE).is_file()
+    weights = (step_dir / MODEL_FILE).is_file() or (step_dir / SHARDED_DIR / ".metadata").is_file()
+    return weights and (step_dir / STATE_FILE).is_file()
 
 
 def _is_run(path: Path) -> bool:
@@ -154,8 +157,12 @@ def load_trained_weights(run: RunSource, use_ema: bool = True) -> tuple[dict[str
     import torch
     from safetensors.torch import load_file
 
-    weights = load_file(str(run.checkpoint / MODEL_FILE))
-    notes = [f"weights of {run.describe()}"]
+    if (run.checkpoint / MODEL_FILE).is_file():
+        weights = load_file(str(run.checkpoint / MODEL_FILE))
+        notes = [f"weights of {run.describe()}"]
+    else:
+        weights = consolidate_sharded(run.checkpoint / SHARDED_DIR)
+        notes = [f"weights of {run.describe()}, consolidated from its shards"]
     if use_ema:
         state = torch.load(run.checkpoint / STATE_FILE, map_location="cpu", weights_only=True)
         ema = state.get("ema") if isinstance(state, dict) else None
@@ -167,6 +174,28 @@ def load_trained_weights(run: RunSource, use_ema: bool = True) -> tuple[dict[str
             weights.update({k: v.detach().to("cpu").contiguous() for k, v in shadow.items()})
             notes.append(f"EMA weights (decay {ema.get('decay')}, {ema.get('updates')} updates), as final/ exports")
     return weights, notes
+
+
+def consolidate_sharded(folder: Path) -> dict[str, Any]:
+    """The whole model tensors of a sharded checkpoint (every rank's shards of ``model.*``, joined), read in
+    one process without a process group; the optimizer state in the same files is left unread."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    model = {
+        key[len("model.") :]: torch.empty(m.size, dtype=m.properties.dtype)
+        for key, m in meta.items()
+        if key.startswith("model.") and isinstance(m, TensorStorageMetadata)
+    }
+    if not model:
+        raise CheckpointError(f"{folder}: a sharded checkpoint without model tensors")
+    with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
+        planner = dcp.DefaultLoadPlanner(allow_partial_load=True)
+        dcp.load({"model": model}, checkpoint_id=str(folder), planner=planner)
+    return model
 
 
 def sft_data_stats(run: RunSource) -> dict[str, Any]:

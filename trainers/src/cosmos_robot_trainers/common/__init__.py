@@ -10,7 +10,9 @@ from cosmos_robot_trainers.common.checkpoint import (
     checkpoint_dirs,
     latest_checkpoint,
     load_checkpoint,
+    load_sharded_into,
     save_checkpoint,
+    save_sharded_checkpoint,
 )
 from cosmos_robot_trainers.common.metrics import MetricsLogger, NullMetricsLogger, read_metrics
 from cosmos_robot_trainers.common.progress import TrainProgress
@@ -28,8 +30,10 @@ __all__ = [
     "configure_torch",
     "latest_checkpoint",
     "load_checkpoint",
+    "load_sharded_into",
     "read_metrics",
     "restore_rng_state",
     "save_checkpoint",
+    "save_sharded_checkpoint",
     "seed_everything",
 ]

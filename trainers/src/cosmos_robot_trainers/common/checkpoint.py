@@ -7,6 +7,11 @@ Layout of one checkpoint folder:
   with ``torch.load(weights_only=True)``, so only tensors and plain containers are accepted;
 - ``trainer_state.json``: the step and a few human-readable facts (what ``ls`` should tell you).
 
+A *sharded* checkpoint (``save_sharded_checkpoint``; ``train.checkpoint_format = "sharded"``) holds
+``sharded/`` instead of ``model.safetensors``: model and optimizer state written by every rank with
+``torch.distributed.checkpoint`` (each its own shards, no gathering on one process), read back at any
+world size, sharded or not (``load_sharded_into``), and consolidated by the exporter.
+
 Why write into a hidden temporary folder and rename: a run killed while saving (SIGKILL, OOM, a
 pre-empted machine) must never leave a half-written ``step_*`` folder that the next resume would
 pick up. ``os.replace`` of a folder is atomic on POSIX, so a ``step_*`` folder is always complete.
@@ -29,6 +34,7 @@ __all__ = ["Checkpoint", "checkpoint_dirs", "latest_checkpoint", "load_checkpoin
 
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
 MODEL_FILE = "model.safetensors"
+SHARDED_DIR = "sharded"  # torch.distributed.checkpoint's folder (its ``.metadata`` marks it complete)
 STATE_FILE = "trainer_state.pt"
 INFO_FILE = "trainer_state.json"
 
@@ -39,8 +45,9 @@ class Checkpoint:
 
     path: Path
     step: int
-    model: dict[str, torch.Tensor]
+    model: dict[str, torch.Tensor]  # empty for a sharded checkpoint
     state: dict[str, Any]
+    sharded: Path | None = None  # the torch.distributed.checkpoint folder of a sharded checkpoint
 
 
 def step_dir_name(step: int) -> str:
@@ -55,9 +62,13 @@ def checkpoint_dirs(root: str | Path) -> list[tuple[int, Path]]:
     found = []
     for child in root.iterdir():
         match = _STEP_DIR.match(child.name)
-        if match and child.is_dir() and (child / STATE_FILE).exists() and (child / MODEL_FILE).exists():
+        if match and child.is_dir() and (child / STATE_FILE).exists() and _has_weights(child):
             found.append((int(match.group(1)), child))
     return sorted(found)
+
+
+def _has_weights(folder: Path) -> bool:
+    return (folder / MODEL_FILE).exists() or (folder / SHARDED_DIR / ".metadata").exists()
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
@@ -99,12 +110,77 @@ def save_checkpoint(
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read a folder written by ``save_checkpoint``; a missing file is an error naming it."""
+    """Read a folder written by ``save_checkpoint`` (or the trainer state of a sharded one, whose weights
+    ``load_sharded_into`` reads); a missing file is an error naming it."""
     path = Path(path)
-    for name in (MODEL_FILE, STATE_FILE):
+    sharded = path / SHARDED_DIR if (path / SHARDED_DIR / ".metadata").exists() else None
+    for name in (STATE_FILE,) if sharded else (MODEL_FILE, STATE_FILE):
         if not (path / name).exists():
             raise FileNotFoundError(f"checkpoint {path} is incomplete: missing {name}")
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "step" not in state:
         raise ValueError(f"{path / STATE_FILE}: not a trainer state (no 'step')")
-    return Checkpoint(path=path, step=int(state["step"]), model=load_file(str(path / MODEL_FILE)), state=state)
+    model = {} if sharded else load_file(str(path / MODEL_FILE))
+    return Checkpoint(path=path, step=int(state["step"]), model=model, state=state, sharded=sharded)
+
+
+def save_sharded_checkpoint(
+    root: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    info: dict[str, Any] | None,
+    keep_last: int | None,
+    is_main: bool,
+    barrier: Any,
+) -> Path:
+    """Every rank writes its shards of model and optimizer (``torch.distributed.checkpoint``) into the
+    step's temporary folder; rank 0 then adds the trainer state and renames it into place (atomic as
+    ``save_checkpoint``). A collective: every rank calls it (``barrier``: the world's barrier)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    root = Path(root)
+    final = root / step_dir_name(step)
+    tmp = root / f".{final.name}.tmp"
+    if is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / SHARDED_DIR))
+    barrier()
+    if is_main:
+        torch.save({**state, "step": step}, tmp / STATE_FILE)
+        (tmp / INFO_FILE).write_text(json.dumps({"step": step, **(info or {})}, indent=2, default=str) + "\n")
+        with open(tmp / STATE_FILE, "rb") as fh:
+            os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        if keep_last is not None and keep_last > 0:
+            for _, old in checkpoint_dirs(root)[:-keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+    barrier()
+    return final
+
+
+def load_sharded_into(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """A sharded checkpoint's model and optimizer state into ``model`` and ``optimizer``, whatever this
+    run's world size and sharding (torch.distributed.checkpoint reshards on load)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    # partial: a parameter that never had a gradient (a head the loss does not reach) has no optimizer
+    # state in the checkpoint and keeps the fresh one; the model's own keys must all be there
+    planner = dcp.DefaultLoadPlanner(allow_partial_load=True)
+    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), planner=planner)  # in place
+    saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    missing = [k for k in model_sd if f"model.{k}" not in saved]
+    if missing:
+        raise ValueError(f"{folder}: the sharded checkpoint has no weights for {missing[:5]}")
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)

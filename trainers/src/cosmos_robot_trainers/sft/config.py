@@ -99,6 +99,9 @@ class TrainConfig(StrictModel):
     # data-parallel runs (--nproc N): shard parameters, gradients and AdamW state over the processes (FSDP2)
     # instead of replicating them; checkpoints stay whole, so a run may resume with or without it
     fsdp: bool = False
+    # "sharded": every rank writes its own shards with torch.distributed.checkpoint (no gathering on one
+    # process); resumable at any world size, sharded or not; `cosmos-robot export` consolidates it
+    checkpoint_format: Literal["whole", "sharded"] = "whole"
 
     @model_validator(mode="after")
     def _cadence(self) -> TrainConfig:
@@ -170,6 +173,7 @@ RUNTIME_FIELDS = frozenset(
         "train.max_wall_minutes",
         "train.progress",
         "train.fsdp",
+        "train.checkpoint_format",
         "output",
         "eval",
     }

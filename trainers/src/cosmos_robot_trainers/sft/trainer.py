@@ -58,8 +58,10 @@ from cosmos_robot_trainers.common import (
     configure_torch,
     fsdp,
     load_checkpoint,
+    load_sharded_into,
     restore_rng_state,
     save_checkpoint,
+    save_sharded_checkpoint,
     seed_everything,
 )
 from cosmos_robot_trainers.common.evaluation import evaluate_policy
@@ -386,12 +388,16 @@ def _log_window(run: _Run, bar: TrainProgress) -> None:
 
 def _checkpoint(run: _Run) -> None:
     """Phase checkpoint: everything that decides the next step (the module docstring lists it); rank 0
-    saves it, the same for every rank (with FSDP, gathered from the shards first)."""
-    if run.sharded:
+    saves it, the same for every rank (with FSDP, gathered from the shards first). ``checkpoint_format =
+    "sharded"``: every rank writes its own shards of model and optimizer instead (a collective)."""
+    sharded_format = run.config.train.checkpoint_format == "sharded"
+    weights: dict[str, Any] = {}
+    optimizer: dict[str, Any] | None = None
+    if run.sharded and not sharded_format:
         weights, optimizer = fsdp.full_state(run.model, run.optimizer)
-    elif run.world.is_main:
+    elif run.world.is_main and not sharded_format:
         weights, optimizer = run.model.state_dict(), run.optimizer.state_dict()
-    if not run.world.is_main:
+    if not run.world.is_main and not sharded_format:
         return
     wall = run.wall_s(time.perf_counter())
     state: dict[str, Any] = {
@@ -406,6 +412,13 @@ def _checkpoint(run: _Run) -> None:
     }
     info = {"epoch": round(run.sampler.epoch, 3), "train_wall_s": round(wall, 1), **run.last}
     keep = run.config.train.keep_checkpoints
+    if sharded_format:
+        state.pop("optimizer")
+        save_sharded_checkpoint(
+            run.out / CHECKPOINTS, run.step, run.model, run.optimizer, state, info, keep, run.world.is_main,
+            lambda: barrier(run.world),
+        )  # fmt: skip
+        return
     save_checkpoint(run.out / CHECKPOINTS, run.step, weights, state, info, keep_last=keep)
 
 
@@ -476,7 +489,9 @@ def _restore(
             f"{path}: the dataset changed since this checkpoint (saved {state.get('data')}, now {data.fingerprint()}); "
             "pass --overwrite to start over"
         )
-    if sharded:  # the whole checkpoint, sharded into this rank's parameters and AdamW state
+    if ckpt.sharded is not None:  # each rank reads its shards, whatever the world size that wrote them
+        load_sharded_into(ckpt.sharded, model, optimizer)
+    elif sharded:  # the whole checkpoint, sharded into this rank's parameters and AdamW state
         fsdp.load_full_state(model, optimizer, ckpt.model, state["optimizer"])
     else:
         model.load_state_dict(ckpt.model)
