@@ -95,18 +95,32 @@ def save_checkpoint(
     tmp.mkdir()
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model_state.items()}
     save_file(tensors, str(tmp / MODEL_FILE), metadata={"step": str(step)})
+    _publish(tmp, final, step, state, info, keep_last, synced=(MODEL_FILE,))
+    return final
+
+
+def _publish(
+    tmp: Path,
+    final: Path,
+    step: int,
+    state: dict[str, Any],
+    info: dict[str, Any] | None,
+    keep_last: int | None,
+    synced: tuple[str, ...] = (),
+) -> None:
+    """Add the trainer state to the temporary folder, flush it and the ``synced`` files, rename it into
+    place (atomic), then keep only the ``keep_last`` newest checkpoint folders."""
     torch.save({**state, "step": step}, tmp / STATE_FILE)
     (tmp / INFO_FILE).write_text(json.dumps({"step": step, **(info or {})}, indent=2, default=str) + "\n")
-    for name in (MODEL_FILE, STATE_FILE):
+    for name in (*synced, STATE_FILE):
         with open(tmp / name, "rb") as fh:
             os.fsync(fh.fileno())
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     if keep_last is not None and keep_last > 0:
-        for _, old in checkpoint_dirs(root)[:-keep_last]:
+        for _, old in checkpoint_dirs(final.parent)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -154,16 +168,7 @@ def save_sharded_checkpoint(
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / SHARDED_DIR))
     barrier()
     if is_main:
-        torch.save({**state, "step": step}, tmp / STATE_FILE)
-        (tmp / INFO_FILE).write_text(json.dumps({"step": step, **(info or {})}, indent=2, default=str) + "\n")
-        with open(tmp / STATE_FILE, "rb") as fh:
-            os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        if keep_last is not None and keep_last > 0:
-            for _, old in checkpoint_dirs(root)[:-keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+        _publish(tmp, final, step, state, info, keep_last)
     barrier()
     return final
 
