@@ -119,6 +119,8 @@ def _close(a: list[tuple[int, float, float]], b: list[tuple[int, float, float]],
 RECIPES = {
     "debug": ("data.root", "4 samples of each batch per process", "final/model.safetensors"),
     "debug_text_sft": (None, "2 rows of each batch per process", "final/config.json"),
+    # GR00T: LeRobot's masked loss divided by the mask's sum, on cached backbone features
+    "debug_sft_groot": ("data.root", "4 samples of each batch per process", "final/model.safetensors"),
 }
 
 
@@ -208,6 +210,14 @@ def test_sharded_checkpoints_resume_at_another_world_size_and_export_consolidate
     reference = load_file(str(tmp_path / "whole" / "checkpoints" / "step_000003" / "model.safetensors"))
     assert joined.keys() == reference.keys()
     assert all(torch.equal(joined[k], reference[k]) for k in joined)
+
+
+def test_fsdp_is_refused_for_a_family_that_wraps_its_base_modules(tmp_path: Path) -> None:
+    """GR00T's SFT model is the base checkpoint's own action head: FSDP could not rebuild it whole for export."""
+    done = _train("debug_sft_groot", tmp_path / "x", f'data.root="{tmp_path / "demos"}"', "train.fsdp=true", nproc=2)
+    assert done.returncode != 0
+    assert "train.fsdp: the Gr00tSFTAdapter family wraps its base checkpoint's own modules" in done.stderr
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()
 
 
 def test_nproc_refuses_a_trainer_without_data_parallelism(tmp_path: Path) -> None:
