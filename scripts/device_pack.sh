@@ -46,11 +46,11 @@ R=/tmp/res; mkdir -p $R
 nvidia-smi > $R/smi.txt 2>&1
 step() { name=$1; t=$2; shift 2; echo "$(date +%T) start $name" >> $R/progress
     timeout "$t" "$@" > $R/$name.log 2>&1; echo "$(date +%T) end $name rc=$?" >> $R/progress; }
-step stages 420 python3 benchmarks/numerics_pi05_stages.py --size full --device cuda --out $R/stages.json
-step pi05_b8_trim 480 python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot --compile \
-    --attention math --trim-prompt --batches 8 --iters 100 --out $R/pi05_b8_trim.json
-step groot_step 480 python3 benchmarks/groot_sft_step.py --size released --device cuda --steps 60 --batch 32 \
+step groot_step 420 python3 benchmarks/groot_sft_step.py --size released --device cuda --steps 60 --batch 32 \
     --data $W/.devpack/demos --out $R/groot_step.json
+step stages 360 python3 benchmarks/numerics_pi05_stages.py --size full --device cuda --out $R/stages.json
+step pi05_b8_trim 420 python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot --compile \
+    --attention math --trim-prompt --batches 8 --iters 100 --out $R/pi05_b8_trim.json
 echo ALLDONE >> $R/progress
 JOB
 du -sh .devpack/*
