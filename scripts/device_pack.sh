@@ -45,7 +45,7 @@ cd $W
 R=/tmp/res; mkdir -p $R
 nvidia-smi > $R/smi.txt 2>&1
 step() { name=$1; t=$2; shift 2; echo "$(date +%T) start $name" >> $R/progress
-    timeout "$t" "$@" > $R/$name.log 2>&1; echo "$(date +%T) end $name rc=$?" >> $R/progress; }
+    timeout "$t" "$@" > $R/$name.log 2>&1; rc=$?; echo "$(date +%T) end $name rc=$rc" >> $R/progress; }
 step groot_step 420 python3 benchmarks/groot_sft_step.py --size released --device cuda --steps 60 --batch 32 \
     --data $W/.devpack/demos --out $R/groot_step.json
 step stages 360 python3 benchmarks/numerics_pi05_stages.py --size full --device cuda --out $R/stages.json

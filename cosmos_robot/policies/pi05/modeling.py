@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 
@@ -444,11 +445,15 @@ class Pi05Model(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """Camera tokens then prompt tokens; returns embeddings (B, Lp, W) and validity (B, Lp)."""
         embs, pads = [], []
-        if images:  # all cameras through SigLIP in one batch
+        if self.attention == "eager":  # LeRobot's op order: one SigLIP call per camera
+            per_cam: Sequence[Tensor] = [self.embed_images(img) for img in images]
+        elif images:  # all cameras through SigLIP in one batch (another GEMM shape: rounds differently)
             per_cam = self.embed_images(torch.cat(images, dim=0)).chunk(len(images), dim=0)
-            for e, valid in zip(per_cam, image_masks, strict=True):
-                embs.append(e)
-                pads.append(valid[:, None].expand(e.shape[0], e.shape[1]))
+        else:
+            per_cam = []
+        for e, valid in zip(per_cam, image_masks, strict=True):
+            embs.append(e)
+            pads.append(valid[:, None].expand(e.shape[0], e.shape[1]))
         table = self._vlm.embed_tokens.weight
         lang = F.embedding(tokens, table) * self._embed_scale[table.dtype]
         embs.append(lang.to(embs[0].dtype) if embs else lang)
@@ -485,7 +490,10 @@ class Pi05Model(nn.Module):
         problems, 400 query rows by ~760 keys, where a fused kernel's fixed cost may dominate; which
         is faster is for ``benchmarks/pi05_latency.py --attention`` to tell on each GPU), or
         ``"eager"`` (LeRobot's own op order: K/V repeated per head, matmul, scale, mask, float32
-        softmax; the float32 reference path, ``benchmarks/numerics_pi05.py``)."""
+        softmax; the float32 reference path, ``benchmarks/numerics_pi05.py``). ``"eager"`` also
+        embeds each camera with its own SigLIP call as LeRobot does: one batched call rounds
+        differently on a GPU (5.1e-5 on the prefix at the released shape, amplified to 1.2e-2 on the
+        chunk through 18 random layers; docs/pi05.md)."""
         if impl not in ATTENTION_IMPLS:
             raise ValueError(f"attention {impl!r} is not one of {list(ATTENTION_IMPLS)}")
         self.attention = impl
