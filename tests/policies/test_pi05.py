@@ -302,6 +302,37 @@ def test_math_attention_equals_fused_attention() -> None:
         policy.model.set_attention("flash")
 
 
+def test_eager_path_embeds_each_camera_alone_as_lerobot_does() -> None:
+    """The float32 reference path (``eager``) calls SigLIP once per camera, LeRobot's order: one batched
+    call for both cameras rounds differently on a GPU, 5.1e-5 on the prefix that 18 random layers
+    amplified to 1.2e-2 on the chunk at the released shape (docs/pi05.md). The fast paths keep one
+    batched call; both give the same prefix here on the CPU within float32 rounding."""
+    policy = tiny_pi05(seed=5)
+    obs = [libero_obs(0), libero_obs(1, prompt="open the drawer")]
+    model = policy.model
+    calls: list[int] = []
+    inner = model.embed_images
+
+    def counting(images: torch.Tensor) -> torch.Tensor:
+        calls.append(images.shape[0])
+        return inner(images)
+
+    model.embed_images = counting  # type: ignore[method-assign]
+    with torch.inference_mode():
+        x = policy.prepare(obs)
+        n_cams = len(x.images)
+        assert n_cams >= 2
+        model.set_attention("eager")
+        eager, pad_e = model.embed_prefix(x.images, x.image_masks, x.tokens, x.token_mask)
+        assert calls == [2] * n_cams
+        calls.clear()
+        model.set_attention("sdpa")
+        batched, pad_b = model.embed_prefix(x.images, x.image_masks, x.tokens, x.token_mask)
+        assert calls == [2 * n_cams]
+    assert torch.equal(pad_e, pad_b)
+    torch.testing.assert_close(eager, batched, atol=1e-5, rtol=0)
+
+
 def test_attention_is_a_loader_option(folder: Path) -> None:
     loaded = Pi05Policy.from_pretrained(folder, attention="math")
     assert loaded.model.attention == "math"
