@@ -18,6 +18,7 @@ every rank holds identically), so a run saved at one world size resumes at any o
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,12 +31,16 @@ from cosmos_robot.config import ConfigError
 
 __all__ = [
     "World",
+    "all_gather_json",
+    "all_gather_rows",
     "any_rank",
     "average_gradients",
     "barrier",
     "broadcast_parameters",
     "broadcast_text",
+    "max_over_ranks",
     "mean_over_ranks",
+    "sum_over_ranks",
     "shard_range",
     "world_from_env",
 ]
@@ -165,3 +170,51 @@ def barrier(world: World) -> None:
     """Wait for every rank (e.g. until rank 0 has recorded the data or prepared the run folder)."""
     if world.distributed:
         dist.barrier()
+
+
+def sum_over_ranks(values: torch.Tensor, world: World) -> torch.Tensor:
+    """The element-wise sum of a small float64 vector over ranks (one all-reduce for many metrics)."""
+    if not world.distributed:
+        return values
+    t = values.to(dtype=torch.float64, device=world.comm_device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.cpu()
+
+
+def max_over_ranks(value: float, world: World) -> float:
+    """The largest of a scalar over ranks (a worst case every rank must act on, such as a ratio gate)."""
+    if not world.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=world.comm_device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def all_gather_rows(tensor: torch.Tensor, world: World) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` in rank order, where ranks may hold different numbers of rows (the first
+    dim; the other dims and the dtype must agree). Padded to the longest for the collective and cut back."""
+    if not world.distributed:
+        return [tensor]
+    dev = world.comm_device
+    rows = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=dev)
+    counts = [torch.zeros_like(rows) for _ in range(world.world_size)]
+    dist.all_gather(counts, rows)
+    sizes = [int(c.item()) for c in counts]
+    src = tensor.view(torch.uint8) if tensor.dtype == torch.bool else tensor  # gloo has no bool
+    padded = torch.zeros((max(sizes), *src.shape[1:]), dtype=src.dtype, device=dev)
+    padded[: src.shape[0]] = src.to(dev)
+    out = [torch.empty_like(padded) for _ in range(world.world_size)]
+    dist.all_gather(out, padded.contiguous())
+    return [
+        (o[:n].view(torch.bool) if tensor.dtype == torch.bool else o[:n]).to(tensor.device)
+        for o, n in zip(out, sizes, strict=True)
+    ]
+
+
+def all_gather_json(value: Any, world: World) -> list[Any]:
+    """Every rank's JSON-encodable ``value`` in rank order, sent as UTF-8 bytes in a tensor: no pickling
+    between processes (a rank can only send data, never code)."""
+    if not world.distributed:
+        return [value]
+    data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
+    return [json.loads(bytes(part.tolist()).decode()) for part in all_gather_rows(data, world)]

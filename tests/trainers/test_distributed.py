@@ -3,6 +3,7 @@ process on the same global batch, write one run folder, and the run resumes at a
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -24,6 +25,9 @@ from cosmos_robot.distributed import (
 )
 from cosmos_robot_trainers.common import read_metrics
 from cosmos_robot_trainers.launch import check_world_size, load_train_recipe
+from cosmos_robot_trainers.rl.learner import rank_share
+from cosmos_robot_trainers.rl.rollout import EpisodeSpec
+from cosmos_robot_trainers.rl.workers import deal_specs, env_shares
 from cosmos_robot_trainers.sft import run_sft
 from cosmos_robot_trainers.sft.data import TrainData
 from tests.trainers.test_rl import killed_after
@@ -75,10 +79,40 @@ def test_flow_batches_shard_their_flat_prompt_ids_at_the_offsets() -> None:
 
 
 def test_trainers_without_data_parallelism_refuse_several_processes() -> None:
-    check_world_size("sft", 2)
-    check_world_size("grpo", 1)
-    with pytest.raises(ConfigError, match="trainer 'grpo' runs in one process.*built for: sft"):
-        check_world_size("grpo", 2)
+    for name in ("sft", "text_sft", "joint_ppo", "grpo", "nft", "dpo"):
+        check_world_size(name, 2)
+    check_world_size("text_grpo", 1)
+    with pytest.raises(ConfigError, match="trainer 'text_grpo' runs in one process.*built for: dpo, grpo"):
+        check_world_size("text_grpo", 2)
+
+
+def test_rank_shares_cover_a_minibatch_and_weigh_it_back_to_its_mean() -> None:
+    """Each rank's share of a minibatch and its loss weight: the shares tile the minibatch, the weights
+    average to 1 (so weighted share losses average to the minibatch's mean loss), a unit (an episode,
+    for GSPO) stays on one rank, and a rank left without rows computes one at weight 0."""
+    mb = torch.tensor([7, 3, 9, 1, 4])
+    losses = torch.tensor([0.5, 1.0, 2.0, 4.0, 8.0])
+    shares = [rank_share(mb, World(rank=r, world_size=2)) for r in (0, 1)]
+    assert torch.equal(torch.cat([rows for rows, _ in shares]), mb)
+    assert sum(w for _, w in shares) / 2 == 1.0
+    pos = {int(v): i for i, v in enumerate(mb)}
+    weighted = sum(w * losses[[pos[int(v)] for v in rows]].mean() for rows, w in shares) / 2
+    torch.testing.assert_close(weighted, losses.mean())
+    episodes = torch.tensor([0, 0, 1, 1, 1])
+    by_episode = [rank_share(mb, World(rank=r, world_size=2), episodes) for r in (0, 1)]
+    assert [rows.tolist() for rows, _ in by_episode] == [[7, 3], [9, 1, 4]]
+    assert [w for _, w in by_episode] == [1.0, 1.0]  # one episode each: GSPO's mean is over episodes
+    assert rank_share(torch.tensor([5]), World(rank=1, world_size=2)) == (torch.tensor([5]), 0.0)
+    assert rank_share(mb, World()) == (mb, 1.0)
+
+
+def test_episode_groups_are_dealt_to_ranks_as_to_ray_workers() -> None:
+    specs = [EpisodeSpec(i, "reach", 100 + i // 2, i // 2) for i in range(8)]  # 4 groups of 2
+    parts = deal_specs(specs, 2)
+    assert [[s.index for s in p] for p in parts] == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    assert env_shares(5, 2) == [3, 2]
+    with pytest.raises(ConfigError, match=r"env\.num_envs=1 is fewer than the 2 learner processes"):
+        env_shares(1, 2, "learner processes")
 
 
 def test_recipes_refuse_what_sharding_cannot_do_naming_the_fields(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,9 +255,73 @@ def test_fsdp_is_refused_for_a_family_that_wraps_its_base_modules(tmp_path: Path
 
 
 def test_nproc_refuses_a_trainer_without_data_parallelism(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "cosmos_robot.cli", "train", "debug_grpo", "--nproc=2"]
+    cmd = [sys.executable, "-m", "cosmos_robot.cli", "train", "debug_text_grpo", "--nproc=2"]
     cmd += [f'--set=output.dir="{tmp_path / "x"}"']
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "trainer 'grpo' runs in one process" in result.stderr
+    assert "trainer 'text_grpo' runs in one process" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+# --- data-parallel RL learners --------------------------------------------------------------------------
+
+RL_KEYS_EXACT = ("train_success", "episode_return", "episode_length", "env_steps", "decisions")
+RL_SKIP = ("time/", "wall_s", "iter_wall_s", "env_steps_per_s", "ratio_dev_first_mb")
+
+
+def _rl(recipe: str, out: Path, *sets: str, nproc: int = 1) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "cosmos_robot.cli", "train", recipe, f"--nproc={nproc}"]
+    cmd += [f"--set={s}" for s in (f'output.dir="{out}"', *sets)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("WORLD_SIZE", None)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
+def _same_iterations(a: Path, b: Path) -> None:
+    """Equal episodes (success, return, lengths, env steps) and losses / norms within float rounding
+    (2 ranks sum the gradient in another order: 4e-7 relative on a norm of 39 here)."""
+    ra, rb = read_metrics(a), read_metrics(b)
+    assert [r["step"] for r in ra] == [r["step"] for r in rb]
+    for x, y in zip(ra, rb, strict=True):
+        assert all(x[k] == y[k] for k in RL_KEYS_EXACT), (x, y)
+        for k, v in x.items():
+            if isinstance(v, float) and not k.startswith(RL_SKIP) and math.isfinite(v):
+                assert abs(v - y[k]) <= 1e-4 * max(1.0, abs(v)), (x["step"], k, v, y[k])
+
+
+@pytest.mark.slow
+def test_two_ppo_learner_ranks_with_ray_env_actors_train_and_resume(tmp_path: Path) -> None:
+    """Joint PPO on 2 learner processes whose envs are Ray actors on one local Ray instance collects
+    and learns what one learner with 2 Ray rollout workers does (the same dealing of episode groups
+    and seeds); cut after iteration 1, it resumes on 2 processes, and on one, with the same iteration 2."""
+    pytest.importorskip("ray")
+    two = _rl("debug_joint_ppo", tmp_path / "two", 'env.vector_mode="ray"', nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "data parallel: 2 learner processes (gloo)" in two.stderr
+    assert two.stdout.count("step 2:") == 1  # rank 0 alone reports and writes
+    assert [r["step"] for r in read_metrics(tmp_path / "two")] == [1, 2]
+    assert (tmp_path / "two" / "final" / "model.safetensors").is_file()
+    one = _rl("debug_joint_ppo", tmp_path / "one", "rollout.num_workers=2")
+    assert one.returncode == 0, one.stderr[-3000:]
+    _same_iterations(tmp_path / "two", tmp_path / "one")
+    again = killed_after(tmp_path / "two", tmp_path / "again", 1)
+    resumed = _rl("debug_joint_ppo", again, 'env.vector_mode="ray"', nproc=2)
+    assert resumed.returncode == 0 and "step_000001" in resumed.stderr, resumed.stderr[-3000:]
+    _same_iterations(again, tmp_path / "two")
+    alone = killed_after(tmp_path / "two", tmp_path / "alone", 1)
+    resumed = _rl("debug_joint_ppo", alone, "rollout.num_workers=2")  # saved by 2 learners, resumed by 1
+    assert resumed.returncode == 0 and "step_000001" in resumed.stderr, resumed.stderr[-3000:]
+    _same_iterations(alone, tmp_path / "two")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["debug_grpo", "debug_nft", "debug_dpo"])
+def test_two_learner_ranks_match_two_rollout_workers_for_every_online_algorithm(recipe: str, tmp_path: Path) -> None:
+    """GRPO, DiffusionNFT and Flow-DPO on 2 learner processes (each its share of every minibatch, with
+    the whole minibatch's flow draws) against one learner with 2 Ray rollout workers."""
+    pytest.importorskip("ray")
+    two = _rl(recipe, tmp_path / "two", nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    one = _rl(recipe, tmp_path / "one", "rollout.num_workers=2")
+    assert one.returncode == 0, one.stderr[-3000:]
+    _same_iterations(tmp_path / "two", tmp_path / "one")

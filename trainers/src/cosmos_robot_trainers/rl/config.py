@@ -325,10 +325,14 @@ class RLConfig(StrictModel):
         return tuple(sorted(dims))
 
 
+# fields a resume may change: where the work runs, not what is learnt. rollout.num_workers is one, as the
+# learner world size is: N learner processes deal episode groups as N rollout workers do, so a run
+# saved by either resumes on the other with the same numbers (docs/scale.md)
 RUNTIME_FIELDS = frozenset(
     {
         "name",
         "env.vector_mode",
+        "rollout.num_workers",
         "env.step_timeout",
         "train.ckpt_every",
         "train.keep_checkpoints",

@@ -5,10 +5,11 @@ sampler settings and this iteration's generator. Its own module so that the algo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from cosmos_robot.distributed import World
 from cosmos_robot.policies.flow.sampling import SampleMode
 from cosmos_robot_trainers.rl.config import RLConfig
 from cosmos_robot_trainers.rl.policies import RLModel
@@ -30,3 +31,4 @@ class UpdateInputs:
     noise_level: float
     ref_model: RLModel | None = None
     old_model: RLModel | None = None
+    world: World = field(default_factory=World)  # the data-parallel learner ranks (a world of one by default)

@@ -14,6 +14,12 @@
 
 Log-probs cover the rows ``[:replan_steps]`` and the action dims ``rollout.logprob_dims`` (the same
 set the rollout sampled with). Every function returns the mean of its per-minibatch metrics (floats).
+
+Data-parallel learners (``world``, under ``torchrun``): every rank holds the whole rollout and draws
+the same minibatches from the same generator; each takes its contiguous share of a minibatch
+(``rank_share``), weights its loss by that share so that the gradients averaged over ranks are the
+whole minibatch's (``optimizer_step``), and the metrics are combined with the same weights
+(``Means.result``). One process is the world of one, where all of this is the identity.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.distributed import World, average_gradients, max_over_ranks, sum_over_ranks
 from cosmos_robot.policies.flow.sampling import SampleMode, recompute_log_prob
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.rl.advantage import Advantages
@@ -39,6 +46,7 @@ __all__ = [
     "minibatches",
     "optimizer_step",
     "logprob_dims",
+    "rank_share",
     "episode_split_minibatches",
     "policy_gradient",
     "policy_gradient_health",
@@ -64,21 +72,56 @@ def build_optimizer(model: RLModel, config: RLConfig) -> torch.optim.AdamW:
     )
 
 
+MAX_KEYS = frozenset({"ratio_dev_first_mb"})  # worst cases: the largest over ranks, not a mean
+
+
 class Means:
-    """Running means of per-minibatch metrics (tensors or floats)."""
+    """Running means of per-minibatch metrics (tensors or floats). Under data parallelism each rank adds
+    its share's metrics with its share's weight (``rank_share``); ``result(world)`` then gives the
+    metrics of the whole minibatches (the weights average to 1 over ranks)."""
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
         self.counts: dict[str, int] = {}
 
-    def add(self, values: dict[str, Any]) -> None:
+    def add(self, values: dict[str, Any], weight: float = 1.0) -> None:
         for key, value in values.items():
             v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
-            self.sums[key] = self.sums.get(key, 0.0) + v
+            w = 1.0 if key in MAX_KEYS else weight
+            self.sums[key] = self.sums.get(key, 0.0) + v * w
             self.counts[key] = self.counts.get(key, 0) + 1
 
-    def result(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.counts[k] for k in self.sums}
+    def result(self, world: World | None = None) -> dict[str, float]:
+        out = {k: self.sums[k] / self.counts[k] for k in self.sums}
+        if world is None or not world.distributed:
+            return out
+        keys = sorted(k for k in out if k not in MAX_KEYS)  # the same keys on every rank: the same code ran
+        summed = sum_over_ranks(torch.tensor([out[k] for k in keys], dtype=torch.float64), world)
+        merged = {k: float(v) / world.world_size for k, v in zip(keys, summed.tolist(), strict=True)}
+        merged.update({k: max_over_ranks(out[k], world) for k in sorted(MAX_KEYS & out.keys())})
+        return merged
+
+
+def rank_share(mb: torch.Tensor, world: World, units: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """``(rows, weight)``: this rank's contiguous share of minibatch ``mb`` and the weight of its loss
+    (share size x world size / minibatch size), so that the mean over ranks of the weighted share
+    losses' gradients is the whole minibatch's gradient. ``units`` (one id per row, e.g. the episode)
+    keeps a unit's rows on one rank (GSPO's sequence ratio). A rank whose share is empty (a minibatch
+    smaller than the world) computes the first row at weight 0: every rank must run the backward pass
+    and the gradient all-reduce, and the parameters with gradients must be the same everywhere."""
+    if not world.distributed:
+        return mb, 1.0
+    if units is None:
+        mine = torch.tensor_split(mb, world.world_size)[world.rank]
+        n, total = len(mine), len(mb)
+    else:
+        ids = torch.unique(units)
+        own = torch.tensor_split(ids, world.world_size)[world.rank]
+        mine = mb[torch.isin(units, own)]
+        n, total = len(own), len(ids)
+    if n == 0:
+        return mb[:1], 0.0
+    return mine, n * world.world_size / total
 
 
 def _inputs(rollout: Rollout, idx: torch.Tensor, device: torch.device) -> dict[str, Any]:
@@ -101,13 +144,21 @@ def _group_norm(params: list[torch.nn.Parameter], clip: float | None) -> torch.T
 
 
 def optimizer_step(
-    model: RLModel, optimizer: torch.optim.Optimizer, loss: torch.Tensor, optim: OptimConfig
+    model: RLModel,
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    optim: OptimConfig,
+    world: World | None = None,
+    weight: float = 1.0,
 ) -> dict[str, float]:
-    """Backward, clip each parameter group on its own (actor: ``optim.grad_clip``, critic = the value
-    head: ``optim.critic_grad_clip``), step; the pre-clip norms ``grad_norm_<group>`` and their
-    combined ``grad_norm``."""
+    """Backward (of ``weight`` x ``loss``; gradients then averaged over data-parallel ranks), clip each
+    parameter group on its own (actor: ``optim.grad_clip``, critic = the value head:
+    ``optim.critic_grad_clip``), step; the pre-clip norms ``grad_norm_<group>`` and their combined
+    ``grad_norm``."""
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss * weight if weight != 1.0 else loss).backward()
+    if world is not None:
+        average_gradients(model.parameters(), world)
     clips = {"actor": optim.grad_clip, "critic": optim.critic_grad_clip}
     norms: dict[str, float] = {}
     for group in optimizer.param_groups:
@@ -246,9 +297,12 @@ def update_policy_gradient(
     train_policy: bool = True,
     sequence_ratio: bool = False,
     ref_model: RLModel | None = None,
+    world: World | None = None,
 ) -> dict[str, float]:
     """PPO / GRPO / GSPO epochs over the rollout. ``adv.returns`` set -> joint PPO with the value loss;
-    ``sequence_ratio`` -> GSPO's per-episode ratio (minibatches of whole episodes)."""
+    ``sequence_ratio`` -> GSPO's per-episode ratio (minibatches of whole episodes); ``world``: this
+    rank's shares of the minibatches (module docstring)."""
+    world = world or World()
     o = config.optim
     pg = policy_gradient(
         model, rollout, adv, config, sample_mode=sample_mode, noise_level=noise_level, ref_model=ref_model
@@ -269,11 +323,13 @@ def update_policy_gradient(
         else:
             batches = list(minibatches(keep_idx, o.minibatch_size, generator))
         for mb in batches:
-            loss, metrics = pg.loss(mb, train_policy=train_policy, gspo=sequence_ratio, first=first)
+            units = rollout.episode[mb] if sequence_ratio else None
+            mine, weight = rank_share(mb, world, units)
+            loss, metrics = pg.loss(mine, train_policy=train_policy, gspo=sequence_ratio, first=first)
             first = False
-            metrics.update(optimizer_step(model, optimizer, loss, o))
-            means.add(metrics)
-    return means.result()
+            metrics.update(optimizer_step(model, optimizer, loss, o, world, weight))
+            means.add(metrics, weight)
+    return means.result(world)
 
 
 def _gspo(

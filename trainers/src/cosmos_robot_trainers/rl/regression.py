@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.distributed import World
 from cosmos_robot.policies.flow.sampling import executed_mask
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.rl.advantage import Advantages
@@ -34,6 +35,7 @@ from cosmos_robot_trainers.rl.learner import (
     logprob_dims,
     minibatches,
     optimizer_step,
+    rank_share,
     split_half_cosine,
     split_halves,
 )
@@ -105,9 +107,12 @@ def update_nft(
     adv: Advantages,
     config: RLConfig,
     generator: torch.Generator,
+    world: World | None = None,
 ) -> dict[str, float]:
-    """DiffusionNFT epochs: x0 = the sampled chunk, r = optimality probability of its episode."""
+    """DiffusionNFT epochs: x0 = the sampled chunk, r = optimality probability of its episode (``world``:
+    this rank's shares of the minibatches, ``learner.py``)."""
     o, algo = config.optim, config.algo
+    world = world or World()
     keep_idx = torch.nonzero(adv.keep).flatten()
     means = Means()
     model.train()
@@ -116,12 +121,14 @@ def update_nft(
     mask = loss_mask(model, config)
     for _ in range(o.epochs):
         for mb in minibatches(keep_idx.repeat(algo.nft_samples), o.minibatch_size, generator):
-            draws = _flow_draws(len(mb), model, generator)
+            noise, t = _flow_draws(len(mb), model, generator)  # the whole minibatch's draws on every rank
+            pos, weight = rank_share(torch.arange(len(mb)), world)
             loss, metrics = nft_minibatch_loss(
-                model, old_model, rollout, adv.advantages, mb, draws, mask, algo.nft_beta
+                model, old_model, rollout, adv.advantages, mb[pos], (noise[pos], t[pos]), mask, algo.nft_beta
             )
-            means.add({"nft_loss": loss, **metrics, **optimizer_step(model, optimizer, loss, o)})
-    return means.result()
+            step = optimizer_step(model, optimizer, loss, o, world, weight)
+            means.add({"nft_loss": loss, **metrics, **step}, weight)
+    return means.result(world)
 
 
 def nft_health(
@@ -165,6 +172,16 @@ class TrajectoryDraws:
     t_win: torch.Tensor  # (Nw,)
     noise_lose: torch.Tensor  # (Nl, chunk, D)
     t_lose: torch.Tensor  # (Nl,)
+
+    def select(self, rows: torch.Tensor) -> TrajectoryDraws:
+        """The draws of pair rows ``rows`` only, their pair indices renumbered 0..len(rows)-1."""
+        renumber = torch.full((int(max(self.win_pair.max(), self.lose_pair.max())) + 1,), -1, dtype=torch.long)
+        renumber[rows] = torch.arange(len(rows))
+        w, lo = renumber[self.win_pair] >= 0, renumber[self.lose_pair] >= 0
+        return TrajectoryDraws(
+            self.win[w], renumber[self.win_pair[w]], self.lose[lo], renumber[self.lose_pair[lo]],
+            self.noise_win[w], self.t_win[w], self.noise_lose[lo], self.t_lose[lo],
+        )  # fmt: skip
 
 
 def trajectory_draws(
@@ -232,12 +249,12 @@ def _decision_dpo_loss(
     rollout: Rollout,
     iw: torch.Tensor,
     il: torch.Tensor,
-    generator: torch.Generator,
+    draws: tuple[torch.Tensor, torch.Tensor],
     mask: torch.Tensor,
     beta: float,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """Flow-DPO on decision pairs with one shared (noise, t) draw per pair."""
-    noise, t = _flow_draws(len(iw), model, generator)
+    noise, t = draws
     outs = []
     for idx in (iw, il):
         v_theta, target = _errors(model, rollout, idx, noise, t)
@@ -255,14 +272,20 @@ def _dpo_loss(
     config: RLConfig,
     generator: torch.Generator,
     mask: torch.Tensor,
+    keep: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The minibatch loss of ``pairs`` (P, 2) under ``algo.dpo_pairing``."""
+    """The minibatch loss of ``pairs`` (P, 2) under ``algo.dpo_pairing``; ``keep``: the rows of
+    ``pairs`` this data-parallel rank computes (the draws are made for all of them on every rank)."""
     beta = config.algo.dpo_beta
+    rows = torch.arange(len(pairs)) if keep is None else keep
     if config.algo.dpo_pairing == "first_decision":
         iw, il = dpo_decision_pairs(rollout, pairs)
-        return _decision_dpo_loss(model, ref_model, rollout, iw, il, generator, mask, beta)
+        noise, t = _flow_draws(len(iw), model, generator)
+        return _decision_dpo_loss(model, ref_model, rollout, iw[rows], il[rows], (noise[rows], t[rows]), mask, beta)
     draws = trajectory_draws(rollout, pairs, model, generator)
-    return trajectory_dpo_loss(model, ref_model, rollout, draws, len(pairs), mask, beta)
+    if keep is not None:
+        draws = draws.select(keep)
+    return trajectory_dpo_loss(model, ref_model, rollout, draws, len(rows), mask, beta)
 
 
 def update_dpo(
@@ -273,9 +296,12 @@ def update_dpo(
     pairs: torch.Tensor,
     config: RLConfig,
     generator: torch.Generator,
+    world: World | None = None,
 ) -> dict[str, float]:
-    """Flow-DPO epochs over (winner, loser) episode pairs (``algo.dpo_pairing``; minibatches of pairs)."""
+    """Flow-DPO epochs over (winner, loser) episode pairs (``algo.dpo_pairing``; minibatches of pairs;
+    ``world``: this rank's shares of them, ``learner.py``)."""
     o, algo = config.optim, config.algo
+    world = world or World()
     means = Means()
     model.train()
     if len(pairs) == 0:
@@ -284,9 +310,11 @@ def update_dpo(
     rows = torch.arange(len(pairs)).repeat(algo.nft_samples)
     for _ in range(o.epochs):
         for mb in minibatches(rows, o.minibatch_size, generator):
-            loss, metrics = _dpo_loss(model, ref_model, rollout, pairs[mb], config, generator, mask)
-            means.add({"dpo_loss": loss, **metrics, **optimizer_step(model, optimizer, loss, o)})
-    return means.result()
+            pos, weight = rank_share(torch.arange(len(mb)), world)
+            loss, metrics = _dpo_loss(model, ref_model, rollout, pairs[mb], config, generator, mask, pos)
+            step = optimizer_step(model, optimizer, loss, o, world, weight)
+            means.add({"dpo_loss": loss, **metrics, **step}, weight)
+    return means.result(world)
 
 
 def dpo_health(inp: UpdateInputs, rollout: Rollout, pairs: torch.Tensor) -> dict[str, float]:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos_robot.distributed import World, all_gather_json, all_gather_rows
 from cosmos_robot.policies.flow.sampling import sample_actions
 from cosmos_robot_envs.episodes import EpisodeHooks, EpisodeOutcome, EpisodeScheduler, LiveEpisode, Step, obs_row
 from cosmos_robot_envs.eval import get_suite
@@ -46,7 +47,15 @@ from cosmos_robot_trainers.rl.config import RLConfig
 from cosmos_robot_trainers.rl.critic import CRITIC_OBS, critic_obs
 from cosmos_robot_trainers.rl.policies import RLAdapter as RLPolicy
 
-__all__ = ["EpisodeSpec", "Rollout", "RolloutWorker", "concat_rollouts", "episode_specs", "make_envs"]
+__all__ = [
+    "EpisodeSpec",
+    "Rollout",
+    "RolloutWorker",
+    "concat_rollouts",
+    "episode_specs",
+    "gather_rollout",
+    "make_envs",
+]
 
 TRAIN_SEED_BASE = 1_000_000  # training layouts start here; evaluation uses small seeds (eval.seed = 1000)
 
@@ -155,6 +164,37 @@ def concat_rollouts(parts: Sequence[Rollout]) -> Rollout:
         else:
             values[f.name] = torch.cat(items)
     return Rollout(**values)
+
+
+def gather_rollout(rollout: Rollout, world: World) -> Rollout:
+    """Every data-parallel rank's part of the iteration, joined in rank order (``concat_rollouts``), on
+    every rank: the learner ranks then compute the same advantages (whitening, groups, pairs) from
+    the same data. Tensors travel as tensors, strings and bookkeeping as JSON: nothing is unpickled."""
+    if not world.distributed:
+        return rollout
+    gathered: dict[str, list[Any]] = {}
+    for f in fields(Rollout):
+        value = getattr(rollout, f.name)
+        if f.name == "inputs":
+            per_key = {k: _gather_value(f"inputs[{k!r}]", v, world) for k, v in value.items()}
+            gathered[f.name] = [{k: parts[r] for k, parts in per_key.items()} for r in range(world.world_size)]
+        elif value is None:
+            gathered[f.name] = [None] * world.world_size
+        else:
+            gathered[f.name] = _gather_value(f.name, value, world)
+    parts = [Rollout(**{k: v[r] for k, v in gathered.items()}) for r in range(world.world_size)]
+    return concat_rollouts(parts)
+
+
+def _gather_value(name: str, value: Any, world: World) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        return all_gather_rows(value.cpu(), world)
+    if isinstance(value, (list, dict, int, float, str)):
+        try:
+            return all_gather_json(value, world)
+        except TypeError as exc:
+            raise TypeError(f"rollout field {name} cannot be sent between learner ranks: {exc}") from exc
+    raise TypeError(f"rollout field {name} is a {type(value).__name__}; ranks exchange tensors and JSON values")
 
 
 def _cat(parts: Sequence[Any]) -> Any:

@@ -18,6 +18,13 @@ Exact resume: per-iteration generators are seeded from (train.seed, iteration), 
 from (env.seed, iteration), and a checkpoint holds the model, the optimizer, NFT's old model, the
 global RNG state, the iteration and the wall time, so a run killed and resumed repeats the
 uninterrupted run's numbers. ``final/`` is a ``FlowPolicy`` folder (``serve --ckpt``, ``eval --ckpt``).
+
+Data-parallel learners (``torchrun`` / ``cosmos-robot train RECIPE --nproc N``): each rank collects its
+share of the iteration's episode groups on its share of the envs (``workers.DataParallelRollouts``), the
+parts are joined on every rank, every rank computes the same advantages and takes its share of each
+minibatch with the gradients averaged (``learner.py``). Models and optimizers stay identical on every
+rank, so rank 0 alone writes the run folder (metrics, checkpoints, evaluations, ``final/``) and a
+checkpoint resumes at any world size.
 """
 
 from __future__ import annotations
@@ -32,11 +39,13 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.distributed import World, any_rank, barrier, broadcast_parameters, broadcast_text, world_from_env
 from cosmos_robot.policies.flow.sampling import SampleMode
 from cosmos_robot.policies.init_source import resolve_init
 from cosmos_robot_envs.tabletop.tasks import OBJECT_STATE_DIM, STATE_DIM
 from cosmos_robot_trainers.common import (
     MetricsLogger,
+    NullMetricsLogger,
     TrainProgress,
     capture_rng_state,
     configure_torch,
@@ -54,7 +63,7 @@ from cosmos_robot_trainers.rl.learner import RATIO_GATE, build_optimizer
 from cosmos_robot_trainers.rl.methods import UpdateInputs, get_method
 from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, frozen_copy, load_rl_adapter
 from cosmos_robot_trainers.rl.rollout import Rollout, episode_specs
-from cosmos_robot_trainers.rl.workers import LocalRollouts, RayRollouts, make_rollouts
+from cosmos_robot_trainers.rl.workers import Rollouts, make_rollouts
 
 __all__ = ["RLResult", "RatioGateError", "run_rl"]
 
@@ -148,10 +157,11 @@ class _Run:
     noise_level: float
     start: int  # the checkpoint iteration this call resumed from (0 for a fresh run)
     prior_wall: float  # wall seconds of the calls before this one
-    logger: MetricsLogger
-    rollouts: LocalRollouts | RayRollouts
+    logger: MetricsLogger | NullMetricsLogger
+    rollouts: Rollouts
     t0: float  # perf_counter() when this call's training started
     deadline: float  # perf_counter() past which train.max_wall_minutes stops the run
+    world: World = field(default_factory=World)  # the data-parallel learner ranks
 
     @property
     def out(self) -> Path:
@@ -172,35 +182,50 @@ def run_rl(
 ) -> RLResult:
     """Train (or continue) the recipe; ``stop_at_iteration`` stops like a kill would (tests)."""
     tcfg = config.train
+    world = world_from_env(tcfg.device)
+    if not world.is_main:
+        log = _quiet  # rank 0 speaks for the run
     # a bad init fails before any folder is made
     init = resolve_init(config.init, log=log)
     policy = load_rl_adapter(init, torch.device(tcfg.device), config.rollout.noise_level, config.optim.freeze_vlm)
     if config.algo.critic_inputs == "privileged":
         attach_privileged_critic(policy, STATE_DIM + OBJECT_STATE_DIM, seed=tcfg.seed)
-    ckpt_path = prepare_run_dir(config, Path(config.output.dir), RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
+    ckpt_path = None
+    if world.is_main:
+        ckpt_path = prepare_run_dir(config, Path(config.output.dir), RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
+    shared = broadcast_text(str(ckpt_path) if ckpt_path is not None else None, world)
+    ckpt_path = Path(shared) if shared is not None else None
     configure_torch(tcfg.num_threads, tcfg.deterministic)
-    run = _setup(config, policy, ckpt_path, log)
+    run = _setup(config, policy, ckpt_path, log, world)
     stop = min(tcfg.iterations, stop_at_iteration) if stop_at_iteration is not None else tcfg.iterations
     result = RLResult(run.out, run.start, False, run.start if ckpt_path is not None else None, None, run.prior_wall)
     try:
-        if run.start == 0 and config.eval.initial:
+        if run.start == 0 and config.eval.initial and world.is_main:
             res = _evaluate(run, "iter_000000", config.eval.episodes_per_task)
             run.logger.log(0, {"eval_success": res["totals"]["success_rate"]})
             log(f"initial eval: {100 * res['totals']['success_rate']:.1f}% success")
         _train(run, stop, result, log)
-        if result.finished or result.iteration < stop:  # finished, or stopped by the clock
+        if (result.finished or result.iteration < stop) and world.is_main:  # finished, or stopped by the clock
             _export_and_evaluate(run, result, log)
     finally:
         run.rollouts.close()
         run.logger.close()
+    barrier(world)
     return result
 
 
-def _setup(config: RLConfig, policy: RLAdapter, ckpt_path: Path | None, log: Callable[[str], None]) -> _Run:
+def _quiet(_: str) -> None:
+    pass
+
+
+def _setup(
+    config: RLConfig, policy: RLAdapter, ckpt_path: Path | None, log: Callable[[str], None], world: World
+) -> _Run:
     """Phase setup: reference / old models, optimizer, restored from ``ckpt_path``; logger and rollout workers."""
     tcfg = config.train
     seed_everything(tcfg.seed)
     model = policy.model
+    broadcast_parameters(model, world)  # identical starts on every learner rank
     _serve_with_rollout_steps(config, policy, log)
     method = get_method(config.trainer)
     ref_model = frozen_copy(model) if method.reference(config) else None
@@ -218,8 +243,17 @@ def _setup(config: RLConfig, policy: RLAdapter, ckpt_path: Path | None, log: Cal
         f"{config.rollout.episodes_per_iter} episodes x {tcfg.iterations} iterations on {config.env.num_envs} envs "
         f"({mode}, K={k_steps})"
     )
-    logger = MetricsLogger(Path(config.output.dir), resume_step=start, tensorboard=config.output.tensorboard)
-    rollouts = make_rollouts(config, policy)
+    logger: MetricsLogger | NullMetricsLogger = NullMetricsLogger()
+    if world.is_main:
+        logger = MetricsLogger(Path(config.output.dir), resume_step=start, tensorboard=config.output.tensorboard)
+    if world.distributed:
+        log(
+            f"data parallel: {world.world_size} learner processes ({world.backend}); each collects every "
+            f"{world.world_size}th episode group and takes its share of each minibatch"
+        )
+    rollouts = make_rollouts(config, policy, world)
+    if start > 0:  # Ray rollout workers were built from the init; a resumed learner's weights are the checkpoint's
+        rollouts.sync(model)
     t0 = time.perf_counter()
     return _Run(
         config=config,
@@ -237,6 +271,7 @@ def _setup(config: RLConfig, policy: RLAdapter, ckpt_path: Path | None, log: Cal
         rollouts=rollouts,
         t0=t0,
         deadline=t0 + 60 * tcfg.max_wall_minutes - prior_wall if tcfg.max_wall_minutes else math.inf,
+        world=world,
     )
 
 
@@ -277,17 +312,18 @@ def _train(run: _Run, stop: int, result: RLResult, log: Callable[[str], None]) -
     """The loop up to iteration ``stop``: the iteration's phases, the ratio gate, [eval], log, [checkpoint]."""
     config, tcfg = run.config, run.config.train
     it = run.start
+    main = run.world.is_main
     progress = TrainProgress(  # off a terminal the iteration lines below are the progress
-        tcfg.iterations, run.start, config.name, enabled=tcfg.progress, unit="iteration", plain_lines=False
+        tcfg.iterations, run.start, config.name, enabled=tcfg.progress and main, unit="iteration", plain_lines=False
     )
     with progress as bar:
         while it < stop:
             metrics = _iteration(run, it)
             it += 1
             _check_ratio_gate(metrics, it)
-            out_of_time = time.perf_counter() > run.deadline
+            out_of_time = any_rank(time.perf_counter() > run.deadline, run.world)
             last_iter = it == tcfg.iterations or out_of_time
-            if config.eval.every and (it % config.eval.every == 0) and not last_iter:
+            if config.eval.every and (it % config.eval.every == 0) and not last_iter and main:
                 res = _evaluate(run, f"iter_{it:06d}", config.eval.episodes_per_task)
                 metrics["eval_success"] = res["totals"]["success_rate"]
                 result.eval_history.append((it, metrics["eval_success"]))
@@ -295,9 +331,9 @@ def _train(run: _Run, stop: int, result: RLResult, log: Callable[[str], None]) -
             result.last_metrics = metrics
             log(iteration_line(it, tcfg.iterations, metrics))
             bar.update(it, {"train_success": metrics["train_success"], "eval": metrics.get("eval_success", "-")})
-            if it % tcfg.ckpt_every == 0 or last_iter:
+            if (it % tcfg.ckpt_every == 0 or last_iter) and main:
                 _checkpoint(run, it)
-            if config.output.plot and "eval_success" in metrics:
+            if config.output.plot and "eval_success" in metrics and main:
                 _plot(run.out)
             if out_of_time:
                 log(f"train.max_wall_minutes reached after iteration {it}; exporting what we have")

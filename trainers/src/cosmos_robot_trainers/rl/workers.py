@@ -1,4 +1,5 @@
-"""Rollout workers in this process (default) or as Ray actors (``rollout.num_workers > 1``).
+"""Rollout workers in this process (default) or as Ray actors (``rollout.num_workers > 1``), and the
+share of each data-parallel learner rank.
 
 Why two shapes behind one interface (``collect(specs, seed)``, ``sync(model)``, ``close()``): the
 driver loop must not care where episodes run. In-process, the rollout worker shares the learner's
@@ -7,29 +8,109 @@ the policy (rebuilt from the starting checkpoint folder), the episode schedule i
 actors, and the sync phase ships the learner's weights as numpy arrays through Ray's object store
 once per iteration (``ray.put`` once, every actor reads the same object). Ray is an optional extra
 (``pip install 'cosmos-robot-trainers[ray]'``); asking for it without it installed names the fix.
+
+Data-parallel learners (``DataParallelRollouts``, under ``torchrun`` / ``train --nproc N``): the
+iteration's episode groups are dealt out to the ranks exactly as ``RayRollouts`` deals them to its
+actors (``deal_specs``, ``worker_seed``), each rank collects its part on its share of ``env.num_envs``
+(in process, or through its own Ray actors), and the parts are joined on every rank
+(``gather_rollout``). So N learner ranks with one worker each collect what one learner with N Ray
+workers collects, and every rank computes the same advantages. All ranks join one Ray instance
+(``connect_ray``): rank 0 starts it, or joins ``RAY_ADDRESS``, and tells the others where it is.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from cosmos_robot.config import ConfigError
+from cosmos_robot.distributed import World, broadcast_text
 from cosmos_robot.policies.init_source import resolve_init
 from cosmos_robot_trainers.rl.config import RLConfig
 from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, load_rl_adapter
-from cosmos_robot_trainers.rl.rollout import EpisodeSpec, Rollout, RolloutWorker, concat_rollouts
+from cosmos_robot_trainers.rl.rollout import EpisodeSpec, Rollout, RolloutWorker, concat_rollouts, gather_rollout
 
-__all__ = ["LocalRollouts", "RayRollouts", "make_rollouts"]
+__all__ = [
+    "DataParallelRollouts",
+    "LocalRollouts",
+    "RayRollouts",
+    "connect_ray",
+    "deal_specs",
+    "env_shares",
+    "make_rollouts",
+    "worker_seed",
+]
+
+
+_RAY_AUTH_MODE = "RAY_AUTH_MODE"
+
+
+def deal_specs(specs: Sequence[EpisodeSpec], n: int) -> list[list[EpisodeSpec]]:
+    """``specs`` dealt to ``n`` workers round-robin by group (a group's episodes stay together: GRPO,
+    NFT and DPO compare them)."""
+    groups = sorted({s.group for s in specs})
+    where = {g: i % n for i, g in enumerate(groups)}
+    parts: list[list[EpisodeSpec]] = [[] for _ in range(n)]
+    for s in specs:
+        parts[where[s.group]].append(s)
+    return parts
+
+
+def worker_seed(seed: int, worker: int) -> int:
+    """The sampling seed of worker ``worker``'s part of an iteration."""
+    return seed + 7919 * worker
+
+
+def env_shares(num_envs: int, n: int, what: str = "rollout workers") -> list[int]:
+    """``num_envs`` split over ``n`` workers as evenly as possible (every worker needs one)."""
+    if num_envs < n:
+        raise ConfigError(f"env.num_envs={num_envs} is fewer than the {n} {what}: each needs at least one env")
+    return [num_envs // n + (1 if w < num_envs % n else 0) for w in range(n)]
+
+
+def connect_ray(world: World) -> Any:
+    """Ray, initialised once for the run: rank 0 starts a local instance (or joins ``RAY_ADDRESS``, a
+    cluster started with ``ray start``) and the other learner ranks join the instance rank 0 is on."""
+    opts: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if world.is_main:
+        ray = _import_ray()
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS") or None, **opts)
+        # where the instance is, and its authentication mode: a local instance that Ray 2.5x starts turns
+        # token authentication on in rank 0's process only (the token itself is in ~/.ray/auth_token or
+        # RAY_AUTH_TOKEN, which the other ranks read as Ray does; it does not travel here)
+        where = f"{ray.get_runtime_context().gcs_address}\n{os.environ.get(_RAY_AUTH_MODE, '')}"
+        broadcast_text(where, world)
+        return ray
+    address, _, mode = (broadcast_text(None, world) or "").partition("\n")
+    if mode:  # before Ray is imported: it reads the mode once
+        os.environ.setdefault(_RAY_AUTH_MODE, mode)
+    ray = _import_ray()
+    if not ray.is_initialized():
+        ray.init(address=address, **opts)
+    return ray
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(
+            "rollout.num_workers > 1 and env.vector_mode = 'ray' run on Ray, but ray is not installed: "
+            "pip install 'cosmos-robot-trainers[ray]'"
+        ) from exc
+    return ray
 
 
 class LocalRollouts:
     """One ``RolloutWorker`` in this process, sharing the learner's policy object."""
 
-    def __init__(self, config: RLConfig, policy: RLAdapter) -> None:
-        self.worker = RolloutWorker(config, policy)
+    def __init__(self, config: RLConfig, policy: RLAdapter, num_envs: int | None = None) -> None:
+        self.worker = RolloutWorker(config, policy, num_envs=num_envs)
 
     def collect(self, specs: Sequence[EpisodeSpec], seed: int) -> Rollout:
         return self.worker.collect(specs, seed)
@@ -67,31 +148,19 @@ class _RayWorker:
 class RayRollouts:
     """``num_workers`` Ray actors, the envs split between them; episodes dealt out round-robin by group."""
 
-    def __init__(self, config: RLConfig) -> None:
-        try:
-            import ray
-        except ImportError as exc:
-            raise ImportError(
-                "rollout.num_workers > 1 runs rollout workers as Ray actors, but ray is not installed: "
-                "pip install 'cosmos-robot-trainers[ray]' (or set rollout.num_workers = 1)"
-            ) from exc
+    def __init__(self, config: RLConfig, num_envs: int | None = None, world: World | None = None) -> None:
+        ray = connect_ray(world or World())
         self.ray = ray
-        if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
         n = config.rollout.num_workers
-        share = [config.env.num_envs // n + (1 if w < config.env.num_envs % n else 0) for w in range(n)]
+        share = env_shares(config.env.num_envs if num_envs is None else num_envs, n)
         actor = ray.remote(num_cpus=0)(_RayWorker)
         data = config.model_dump(mode="json")
         self.actors: list[Any] = [actor.remote(data, share[w], 1) for w in range(n)]
 
     def collect(self, specs: Sequence[EpisodeSpec], seed: int) -> Rollout:
-        groups = sorted({s.group for s in specs})
-        n = len(self.actors)
-        parts: list[list[EpisodeSpec]] = [[] for _ in range(n)]
-        for s in specs:
-            parts[groups.index(s.group) % n].append(s)
+        parts = deal_specs(specs, len(self.actors))
         futures = [
-            a.collect.remote([(s.index, s.task, s.seed, s.group) for s in part], seed + 7919 * w)
+            a.collect.remote([(s.index, s.task, s.seed, s.group) for s in part], worker_seed(seed, w))
             for w, (a, part) in enumerate(zip(self.actors, parts))
             if part
         ]
@@ -110,8 +179,43 @@ class RayRollouts:
                 self.ray.kill(a)
 
 
-def make_rollouts(config: RLConfig, policy: RLAdapter) -> LocalRollouts | RayRollouts:
-    """In-process rollouts for one worker, Ray actors for more."""
+class DataParallelRollouts:
+    """This learner rank's part of every iteration, collected by its own workers (``inner``) and
+    joined with the other ranks' parts (module docstring)."""
+
+    def __init__(self, inner: LocalRollouts | RayRollouts, world: World) -> None:
+        self.inner, self.world = inner, world
+
+    def collect(self, specs: Sequence[EpisodeSpec], seed: int) -> Rollout:
+        parts = deal_specs(specs, self.world.world_size)
+        if not all(parts):
+            groups = len({s.group for s in specs})
+            raise ConfigError(
+                f"the iteration has {groups} episode groups (rollout.episodes_per_iter / algo.group_size) "
+                f"for {self.world.world_size} learner processes: each needs at least one"
+            )
+        rank = self.world.rank
+        return gather_rollout(self.inner.collect(parts[rank], worker_seed(seed, rank)), self.world)
+
+    def sync(self, model: RLModel) -> None:
+        self.inner.sync(model)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+Rollouts = LocalRollouts | RayRollouts | DataParallelRollouts
+
+
+def make_rollouts(config: RLConfig, policy: RLAdapter, world: World | None = None) -> Rollouts:
+    """In-process rollouts for one worker, Ray actors for more; under data parallelism, this rank's share."""
+    world = world or World()
+    if config.env.vector_mode == "ray" or config.rollout.num_workers > 1:
+        connect_ray(world)  # every rank on one Ray instance
+    num_envs = env_shares(config.env.num_envs, world.world_size, "learner processes")[world.rank]
+    inner: LocalRollouts | RayRollouts
     if config.rollout.num_workers == 1:
-        return LocalRollouts(config, policy)
-    return RayRollouts(config)
+        inner = LocalRollouts(config, policy, num_envs)
+    else:
+        inner = RayRollouts(config, num_envs, world)
+    return DataParallelRollouts(inner, world) if world.distributed else inner
