@@ -40,6 +40,7 @@ __all__ = [
     "broadcast_text",
     "max_over_ranks",
     "mean_over_ranks",
+    "rank_share",
     "sum_over_ranks",
     "shard_range",
     "world_from_env",
@@ -218,3 +219,25 @@ def all_gather_json(value: Any, world: World) -> list[Any]:
         return [value]
     data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8)
     return [json.loads(bytes(part.tolist()).decode()) for part in all_gather_rows(data, world)]
+
+
+def rank_share(mb: torch.Tensor, world: World, units: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """``(rows, weight)``: this rank's contiguous share of minibatch ``mb`` and the weight of its loss
+    (share size x world size / minibatch size), so that the mean over ranks of the weighted share
+    losses' gradients is the whole minibatch's gradient. ``units`` (one id per row, e.g. the episode)
+    keeps a unit's rows on one rank (GSPO's sequence ratio). A rank whose share is empty (a minibatch
+    smaller than the world) computes the first row at weight 0: every rank must run the backward pass
+    and the gradient all-reduce, and the parameters with gradients must be the same everywhere."""
+    if not world.distributed:
+        return mb, 1.0
+    if units is None:
+        mine = torch.tensor_split(mb, world.world_size)[world.rank]
+        n, total = len(mine), len(mb)
+    else:
+        ids = torch.unique(units)
+        own = torch.tensor_split(ids, world.world_size)[world.rank]
+        mine = mb[torch.isin(units, own)]
+        n, total = len(own), len(ids)
+    if n == 0:
+        return mb[:1], 0.0
+    return mine, n * world.world_size / total

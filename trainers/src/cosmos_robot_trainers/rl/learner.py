@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.distributed import World, average_gradients, max_over_ranks, sum_over_ranks
+from cosmos_robot.distributed import World, average_gradients, max_over_ranks, rank_share, sum_over_ranks
 from cosmos_robot.policies.flow.sampling import SampleMode, recompute_log_prob
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.rl.advantage import Advantages
@@ -46,7 +46,6 @@ __all__ = [
     "minibatches",
     "optimizer_step",
     "logprob_dims",
-    "rank_share",
     "episode_split_minibatches",
     "policy_gradient",
     "policy_gradient_health",
@@ -100,28 +99,6 @@ class Means:
         merged = {k: float(v) / world.world_size for k, v in zip(keys, summed.tolist(), strict=True)}
         merged.update({k: max_over_ranks(out[k], world) for k in sorted(MAX_KEYS & out.keys())})
         return merged
-
-
-def rank_share(mb: torch.Tensor, world: World, units: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
-    """``(rows, weight)``: this rank's contiguous share of minibatch ``mb`` and the weight of its loss
-    (share size x world size / minibatch size), so that the mean over ranks of the weighted share
-    losses' gradients is the whole minibatch's gradient. ``units`` (one id per row, e.g. the episode)
-    keeps a unit's rows on one rank (GSPO's sequence ratio). A rank whose share is empty (a minibatch
-    smaller than the world) computes the first row at weight 0: every rank must run the backward pass
-    and the gradient all-reduce, and the parameters with gradients must be the same everywhere."""
-    if not world.distributed:
-        return mb, 1.0
-    if units is None:
-        mine = torch.tensor_split(mb, world.world_size)[world.rank]
-        n, total = len(mine), len(mb)
-    else:
-        ids = torch.unique(units)
-        own = torch.tensor_split(ids, world.world_size)[world.rank]
-        mine = mb[torch.isin(units, own)]
-        n, total = len(own), len(ids)
-    if n == 0:
-        return mb[:1], 0.0
-    return mine, n * world.world_size / total
 
 
 def _inputs(rollout: Rollout, idx: torch.Tensor, device: torch.device) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.distributed import World
+from cosmos_robot.distributed import World, rank_share
 from cosmos_robot.policies.flow.sampling import executed_mask
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.rl.advantage import Advantages
@@ -35,7 +35,6 @@ from cosmos_robot_trainers.rl.learner import (
     logprob_dims,
     minibatches,
     optimizer_step,
-    rank_share,
     split_half_cosine,
     split_halves,
 )

@@ -28,6 +28,7 @@ from cosmos_robot.distributed import (
     barrier,
     broadcast_parameters,
     broadcast_text,
+    sum_over_ranks,
     world_from_env,
 )
 from cosmos_robot.text.hf import CausalLM
@@ -77,7 +78,7 @@ class TextRun:
         tcfg = config.train
         # data parallel (text SFT; docs/scale.md): rank 0 owns the run folder and speaks for the run
         self.world: World = world_from_env(tcfg.device)
-        if self.world.distributed and tcfg.batch_size % self.world.world_size:
+        if self.world.distributed and config.trainer == "text_sft" and tcfg.batch_size % self.world.world_size:
             raise ConfigError(
                 f"train.batch_size={tcfg.batch_size} is not divisible by the {self.world.world_size} training processes"
             )
@@ -98,9 +99,14 @@ class TextRun:
             self.log(f"fsdp: parameters, gradients and AdamW state sharded over {self.world.world_size} processes")
         elif tcfg.fsdp:
             self.log("train.fsdp shards over data-parallel processes (--nproc N); this run keeps whole tensors")
-        if self.world.distributed:
+        if self.world.distributed and config.trainer == "text_sft":
             ws, per = self.world.world_size, tcfg.batch_size // self.world.world_size
             self.log(f"data parallel: {ws} processes ({self.world.backend}), {per} rows of each batch per process")
+        elif self.world.distributed:
+            self.log(
+                f"data parallel: {self.world.world_size} processes ({self.world.backend}); each samples its share "
+                "of the prompts and takes its share of each minibatch"
+            )
         self.lm.model.train()
         install_router_aux_loss(self.lm.model)  # MoE: the router balancing loss joins training forwards
         self.optimizer, self.scheduler = build_text_optimizer(self.lm.model, config.optim, tcfg.steps)
@@ -250,12 +256,14 @@ def accumulated_step(
     optimizer: Any,
     grad_clip: float | None,
     parts: Iterable[tuple[torch.Tensor, float, dict[str, Any]]],
+    world: World | None = None,
 ) -> tuple[float, float, dict[str, float]]:
     """One optimizer step over micro-batches: ``parts`` yields ``(loss, weight, metrics)`` per micro-batch,
     where ``weight`` is its share of the minibatch (its sequences, or its tokens for a token mean), so
     the accumulated gradient is the whole minibatch's. Each part's graph is freed by its backward, so
     a step holds one micro-batch's activations. Returns (loss, pre-clip gradient norm, metrics), the
-    loss and metrics weighted like the gradient."""
+    loss and metrics weighted like the gradient. Data parallel (``world``): each rank's parts are its
+    share of the minibatch, weighted x world size; gradients, loss and metrics are averaged over ranks."""
     optimizer.zero_grad(set_to_none=True)
     total, metrics = 0.0, dict[str, float]()
     for loss, weight, m in parts:
@@ -263,6 +271,12 @@ def accumulated_step(
         total += float(loss.detach()) * weight
         for k, v in m.items():
             metrics[k] = metrics.get(k, 0.0) + float(v) * weight
+    if world is not None and world.distributed:
+        average_gradients(model.parameters(), world)
+        keys = sorted(metrics)
+        summed = sum_over_ranks(torch.tensor([total, *(metrics[k] for k in keys)], dtype=torch.float64), world)
+        means = (summed / world.world_size).tolist()
+        total, metrics = means[0], dict(zip(keys, means[1:], strict=True))
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
     optimizer.step()
     return total, float(norm), metrics

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.config import ConfigError
+from cosmos_robot.distributed import World, all_gather_json, all_gather_rows, rank_share, shard_range, sum_over_ranks
 from cosmos_robot.text.engines import Completion, SamplingParams, make_engine
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot.text.rewards import HttpReward, get_reward
@@ -214,6 +216,19 @@ def score_groups(config: Any, examples: list[TextExample], groups: list[list[Com
     return torch.tensor([float(scorer(t, gt)) for t, gt in zip(texts, truths)], dtype=torch.float32)
 
 
+def gather_groups(
+    groups: list[list[Completion]], rewards: torch.Tensor, world: World
+) -> tuple[list[list[Completion]], torch.Tensor]:
+    """Every rank's groups and rewards, joined in rank order on every rank. Completions travel as JSON
+    (token ids, log-probs, text, stop flag): a rank can only send data, never code."""
+    if not world.distributed:
+        return groups, rewards
+    fields = ("prompt_ids", "ids", "log_probs", "stopped", "text")
+    mine = [[{f: getattr(c, f) for f in fields} for c in g] for g in groups]
+    joined = [[Completion(**c) for c in g] for part in all_gather_json(mine, world) for g in part]
+    return joined, torch.cat(all_gather_rows(rewards, world))
+
+
 @dataclass
 class SampledGroups:
     """One iteration's rollout: prompts, ``group_size`` completions each, and their rewards (N,)."""
@@ -224,28 +239,36 @@ class SampledGroups:
     metrics: dict[str, float]
 
 
-def sample_groups(config: Any, lm: Any, engine: Any, it: int) -> SampledGroups:
+def sample_groups(config: Any, lm: Any, engine: Any, it: int, world: World | None = None) -> SampledGroups:
     """Train-split prompts of iteration ``it``, their completions from the engine, and rewards.
 
-    ``reward_mean`` / ``train_accuracy`` are of the true rewards, also in the shuffled control."""
+    Data parallel (``world``): each rank samples and scores its contiguous share of the prompts (its
+    own sampling seed), and the groups and rewards are joined on every rank in prompt order, as JSON
+    and tensors (``gather_groups``). ``reward_mean`` / ``train_accuracy`` are of the true rewards, also
+    in the shuffled control."""
     rcfg = config.rollout
+    world = world or World()
     t0 = time.perf_counter()
     examples = task_examples(
         get_task(str(config.data.task)), "train", rcfg.prompts_per_iter, seed=config.data.seed * 100_003 + it
     )
-    inputs = [example_prompt(lm.tokenizer, lm.processor, ex) for ex in examples]
+    lo, hi = shard_range(len(examples), world, "rollout.prompts_per_iter")
+    inputs = [example_prompt(lm.tokenizer, lm.processor, ex) for ex in examples[lo:hi]]
     images = [im for _, im in inputs]
     params = SamplingParams(
         rcfg.max_new_tokens,
         rcfg.temperature,
         rcfg.top_p,
-        seed=config.train.seed * 1_000_003 + it,
+        seed=config.train.seed * 1_000_003 + it + 7919 * world.rank,
         log_probs=not engine.scores_by_forward,  # else the trainer's "old" pass is the same
     )
     visual = any(im is not None for im in images)
+    if visual and world.distributed:
+        raise ConfigError("image-text GRPO runs in one process: its prompts' images are not sent between ranks yet")
     groups = engine.generate([p for p, _ in inputs], rcfg.group_size, params, images=images if visual else None)
     t_rollout = time.perf_counter() - t0
-    rewards = score_groups(config, examples, groups)
+    rewards = score_groups(config, examples[lo:hi], groups)
+    groups, rewards = gather_groups(groups, rewards, world)
     metrics = {
         "reward_mean": float(rewards.mean()),
         "train_accuracy": float((rewards >= 1.0).float().mean()),
@@ -258,11 +281,16 @@ def sample_groups(config: Any, lm: Any, engine: Any, it: int) -> SampledGroups:
     return SampledGroups(examples, groups, rewards, metrics)
 
 
-def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optimizer: Any, it: int) -> dict[str, float]:
-    """One rollout + update; returns the iteration's metrics."""
+def grpo_iteration(
+    config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optimizer: Any, it: int, world: World | None = None
+) -> dict[str, float]:
+    """One rollout + update; returns the iteration's metrics. Data parallel (``world``): every rank holds
+    the joined groups, computes the same advantages and draws the same minibatches, and takes its
+    contiguous share of each (``rank_share``) with the gradients averaged over ranks."""
     rcfg, algo, ocfg = config.rollout, config.algo, config.optim
+    world = world or World()
     model = lm.model
-    sampled = sample_groups(config, lm, engine, it)
+    sampled = sample_groups(config, lm, engine, it, world)
     examples, groups, rewards = sampled.examples, sampled.groups, sampled.rewards
     group_ids = torch.arange(len(examples)).repeat_interleave(rcfg.group_size)
     if algo.advantage == "grpo":
@@ -308,11 +336,16 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
 
     def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
         total = float(batch.mask[mb].sum()) if per_token else float(mb.numel())
-        for idx in micro_batches(mb, micro):
+        mine, share_weight = rank_share(mb, world)
+        stand_in = share_weight == 0  # a rank without rows computes one at weight 0 (rank_share)
+        # each part weighs its share of the WHOLE minibatch (x world size: the gradients are averaged)
+        total = float("inf") if stand_in else total / world.world_size
+        for idx in micro_batches(mine, micro):
             sub = batch.select(idx)
             logp = sequence_log_probs(model, sub, rcfg.temperature)
             old_i = logp.detach() if old is None else old[idx]
-            seen_old[idx] = old_i
+            if not stand_in:
+                seen_old[idx] = old_i
             engine_i = old_i if forward_engine else sub.engine_log_probs
             tis_i = None
             if algo.tis_cap is not None:
@@ -331,7 +364,7 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
             yield loss, (float(sub.mask.sum()) if per_token else float(idx.numel())) / max(total, 1e-9), m
 
     def step(mb: torch.Tensor) -> dict[str, float]:
-        loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, parts(mb))
+        loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, parts(mb), world)
         return {"loss": loss_value, "grad_norm": gnorm, **m}
 
     seed = config.train.seed * 104_729 + it
@@ -339,6 +372,8 @@ def grpo_iteration(config: TextGRPOConfig, lm: Any, ref: Any, engine: Any, optim
         rows.numel(), ocfg.epochs, ocfg.minibatch_size, torch.Generator().manual_seed(seed), step, device
     )
     engine.sync_weights(model)
+    if old is None and world.distributed:  # each rank saw its own rows' log-probs: join them
+        seen_old = sum_over_ranks(seen_old.detach().cpu(), world).to(seen_old)
     engine_lp = seen_old if forward_engine else batch.engine_log_probs
     gap = (seen_old - engine_lp).abs() * batch.mask
     tis = None if algo.tis_cap is None else torch.clamp(torch.exp(seen_old - engine_lp), max=algo.tis_cap)
@@ -374,13 +409,13 @@ def run_text_grpo(
     rc, algo = config.rollout, config.algo
     params = sum(p.numel() for p in lm.model.parameters())
     control = ", shuffled rewards (control)" if config.reward.shuffle else ""
-    log(
+    run.log(
         f"text_grpo: {lm.model.config.model_type}, {params / 1e6:.3f} M parameters; {config.train.steps} iterations "
         f"of {rc.prompts_per_iter} prompts x {rc.group_size} completions "
         f"({algo.advantage}, {algo.policy_loss}, {algo.loss_agg}{control})"
     )
     return run.loop(
-        lambda it: grpo_iteration(config, lm, ref, engine, run.optimizer, it),
+        lambda it: grpo_iteration(config, lm, ref, engine, run.optimizer, it, run.world),
         kind="text_grpo",
         stop_at_step=stop_at_step,
         unit="iteration",
