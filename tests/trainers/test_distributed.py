@@ -81,9 +81,9 @@ def test_flow_batches_shard_their_flat_prompt_ids_at_the_offsets() -> None:
 def test_trainers_without_data_parallelism_refuse_several_processes() -> None:
     for name in ("sft", "text_sft", "joint_ppo", "grpo", "nft", "dpo"):
         check_world_size(name, 2)
-    check_world_size("text_ppo", 1)
-    with pytest.raises(ConfigError, match="trainer 'text_ppo' runs in one process.*built for: dpo, grpo"):
-        check_world_size("text_ppo", 2)
+    check_world_size("text_opd", 1)
+    with pytest.raises(ConfigError, match="trainer 'text_opd' runs in one process.*built for: dpo, grpo"):
+        check_world_size("text_opd", 2)
 
 
 def test_rank_shares_cover_a_minibatch_and_weigh_it_back_to_its_mean() -> None:
@@ -255,11 +255,11 @@ def test_fsdp_is_refused_for_a_family_that_wraps_its_base_modules(tmp_path: Path
 
 
 def test_nproc_refuses_a_trainer_without_data_parallelism(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "cosmos_robot.cli", "train", "debug_text_ppo", "--nproc=2"]
+    cmd = [sys.executable, "-m", "cosmos_robot.cli", "train", "debug_text_opd", "--nproc=2"]
     cmd += [f'--set=output.dir="{tmp_path / "x"}"']
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert "trainer 'text_ppo' runs in one process" in result.stderr
+    assert "trainer 'text_opd' runs in one process" in result.stderr
     assert not (tmp_path / "x").exists()
 
 
@@ -328,22 +328,26 @@ def test_two_learner_ranks_match_two_rollout_workers_for_every_online_algorithm(
 
 
 @pytest.mark.slow
-def test_text_grpo_on_two_processes_trains_and_resumes_exactly(tmp_path: Path) -> None:
-    """Text GRPO data parallel: each process samples and scores its half of the prompts (its own
+@pytest.mark.parametrize(
+    ("recipe", "announce"), [("debug_text_grpo", "text_grpo: qwen3"), ("debug_text_ppo", "text_ppo: qwen3")]
+)
+def test_text_rl_on_two_processes_trains_and_resumes_exactly(recipe: str, announce: str, tmp_path: Path) -> None:
+    """Text GRPO and PPO data parallel: each process samples and scores its half of the prompts (its own
     sampling seed, so not the one-process completions: the engine seeds a whole batch), the groups are
     joined as JSON, and each process takes its share of every minibatch. Rank 0 alone writes; cut after
     iteration 1 and resumed on 2 processes, the run repeats iteration 2."""
-    sets = ["eval.prompts=4", "algo.filter_groups=false"]  # every completion trains
-    two = _rl("debug_text_grpo", tmp_path / "two", *sets, nproc=2)
+    sets = ["eval.prompts=4", *(["algo.filter_groups=false"] if "grpo" in recipe else [])]  # all completions train
+    two = _rl(recipe, tmp_path / "two", *sets, nproc=2)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "data parallel: 2 processes (gloo); each samples its share of the prompts" in two.stderr
-    assert two.stderr.count("text_grpo: qwen3") == 1
+    assert two.stderr.count(announce) == 1
     records = [r for r in read_metrics(tmp_path / "two") if "reward_mean" in r]
     assert [r["step"] for r in records] == [1, 2]
-    assert all(r["trained_completions"] == 16 for r in records)  # 4 prompts x 4 completions, joined
+    if "grpo" in recipe:
+        assert all(r["trained_completions"] == 16 for r in records)  # 4 prompts x 4 completions, joined
     again = killed_after(tmp_path / "two", tmp_path / "again", 1)
-    resumed = _rl("debug_text_grpo", again, *sets, nproc=2)
+    resumed = _rl(recipe, again, *sets, nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     redo = [r for r in read_metrics(again) if "reward_mean" in r]
-    for key in ("reward_mean", "loss", "grad_norm", "logprob_gap_max"):
+    for key in ("reward_mean", "loss", "grad_norm", "logprob_gap_max", "completion_tokens"):
         assert redo[1][key] == pytest.approx(records[1][key], abs=1e-6), key

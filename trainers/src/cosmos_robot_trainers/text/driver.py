@@ -28,6 +28,7 @@ from cosmos_robot.distributed import (
     barrier,
     broadcast_parameters,
     broadcast_text,
+    rank_share,
     sum_over_ranks,
     world_from_env,
 )
@@ -52,7 +53,7 @@ from cosmos_robot_trainers.text.state import (
     save_text_state,
 )
 
-__all__ = ["TextResult", "TextRun"]
+__all__ = ["TextResult", "TextRun", "accumulated_step", "micro_batches", "minibatch_epochs", "minibatch_share"]
 
 StepFn = Callable[[int], dict[str, float]]
 
@@ -249,6 +250,17 @@ def micro_batches(rows: Any, size: int | None) -> list[Any]:
     n = len(rows)
     step = n if not size else size
     return [rows[i : i + step] for i in range(0, n, max(step, 1))]
+
+
+def minibatch_share(mb: torch.Tensor, world: World | None) -> tuple[torch.Tensor, float]:
+    """``(rows, factor)``: this data-parallel rank's rows of minibatch ``mb`` and the factor by which its
+    micro-batches' weights (their share of the WHOLE minibatch's tokens or sequences) are multiplied so
+    that ``accumulated_step``'s average over ranks is the whole minibatch's gradient: the world size, or
+    0 for the stand-in row of a rank left without rows (``rank_share``). ``(mb, 1.0)`` in one process."""
+    if world is None or not world.distributed:
+        return mb, 1.0
+    rows, weight = rank_share(mb, world)
+    return rows, (float(world.world_size) if weight else 0.0)
 
 
 def accumulated_step(

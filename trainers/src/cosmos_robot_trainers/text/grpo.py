@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from cosmos_robot.config import ConfigError
-from cosmos_robot.distributed import World, all_gather_json, all_gather_rows, rank_share, shard_range, sum_over_ranks
+from cosmos_robot.distributed import World, all_gather_json, all_gather_rows, shard_range, sum_over_ranks
 from cosmos_robot.text.engines import Completion, SamplingParams, make_engine
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot.text.rewards import HttpReward, get_reward
@@ -45,7 +45,14 @@ from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import filter_groups
 from cosmos_robot_trainers.algorithms.losses import aggregate, masked_mean
 from cosmos_robot_trainers.text.config import TextAlgoConfig, TextGRPOConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches, minibatch_epochs
+from cosmos_robot_trainers.text.driver import (
+    TextResult,
+    TextRun,
+    accumulated_step,
+    micro_batches,
+    minibatch_epochs,
+    minibatch_share,
+)
 
 __all__ = [
     "CompletionBatch",
@@ -336,10 +343,8 @@ def grpo_iteration(
 
     def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
         total = float(batch.mask[mb].sum()) if per_token else float(mb.numel())
-        mine, share_weight = rank_share(mb, world)
-        stand_in = share_weight == 0  # a rank without rows computes one at weight 0 (rank_share)
-        # each part weighs its share of the WHOLE minibatch (x world size: the gradients are averaged)
-        total = float("inf") if stand_in else total / world.world_size
+        mine, factor = minibatch_share(mb, world)  # data parallel: this rank's rows
+        stand_in = factor == 0.0
         for idx in micro_batches(mine, micro):
             sub = batch.select(idx)
             logp = sequence_log_probs(model, sub, rcfg.temperature)
@@ -361,7 +366,7 @@ def grpo_iteration(
                 tis_i,
             )
             loss = with_router_aux_loss(model, loss, m)  # MoE models: the router balancing term
-            yield loss, (float(sub.mask.sum()) if per_token else float(idx.numel())) / max(total, 1e-9), m
+            yield loss, factor * (float(sub.mask.sum()) if per_token else float(idx.numel())) / max(total, 1e-9), m
 
     def step(mb: torch.Tensor) -> dict[str, float]:
         loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, parts(mb), world)

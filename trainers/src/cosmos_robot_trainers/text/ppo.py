@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.distributed import World, broadcast_parameters
 from cosmos_robot.policies.registry import CheckpointError
 from cosmos_robot.text.engines import make_engine
 from cosmos_robot.text.moe import with_router_aux_loss
@@ -42,7 +43,14 @@ from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import normalize_advantages
 from cosmos_robot_trainers.algorithms.losses import masked_mean
 from cosmos_robot_trainers.text.config import TINY_INIT, TextPPOConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches, minibatch_epochs
+from cosmos_robot_trainers.text.driver import (
+    TextResult,
+    TextRun,
+    accumulated_step,
+    micro_batches,
+    minibatch_epochs,
+    minibatch_share,
+)
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.precision import build_text_optimizer
 
@@ -184,12 +192,21 @@ def _score(config: TextPPOConfig, model: Any, ref: Any, critic: Any, batch: Comp
 
 
 def ppo_iteration(
-    config: TextPPOConfig, lm: Any, ref: Any, critic: Any, engine: Any, optimizers: tuple[Any, Any], it: int
+    config: TextPPOConfig,
+    lm: Any,
+    ref: Any,
+    critic: Any,
+    engine: Any,
+    optimizers: tuple[Any, Any],
+    it: int,
+    world: World | None = None,
 ) -> dict[str, float]:
-    """One rollout, scoring, GAE and update of policy and critic; returns the iteration's metrics."""
+    """One rollout, scoring, GAE and update of policy and critic; returns the iteration's metrics. Data
+    parallel (``world``): as GRPO (``grpo.sample_groups``, ``driver.minibatch_share``), every rank scores
+    the joined batch and takes its share of each minibatch for the policy and the critic."""
     rcfg, algo, ocfg = config.rollout, config.algo, config.optim
     model, (optimizer, critic_opt) = lm.model, optimizers
-    sampled = sample_groups(config, lm, engine, it)
+    sampled = sample_groups(config, lm, engine, it, world)
     flat = [c for g in sampled.groups for c in g]
     device = next(model.parameters()).device
     batch = completion_batch(flat, lm.pad_id).to(device)
@@ -205,29 +222,30 @@ def ppo_iteration(
     n = batch.mask.shape[0]
 
     def step(mb: torch.Tensor) -> dict[str, float]:
+        mine, factor = minibatch_share(mb, world)  # data parallel: this rank's rows
         total = max(float(batch.mask[mb].sum()), 1e-9)
 
         def policy_parts() -> Iterator[tuple]:
-            for idx in micro_batches(mb, ocfg.micro_batch_size):
+            for idx in micro_batches(mine, ocfg.micro_batch_size):
                 sub = batch.select(idx)
                 logp = sequence_log_probs(model, sub, rcfg.temperature)
                 loss, m = get_algorithm("loss", "ppo")(
                     logp, old[idx], adv[idx], sub.mask, clip=algo.clip, dual_clip=None,
                     loss_agg="token_mean", token_weights=None if tis is None else tis[idx],
                 )  # fmt: skip
-                yield with_router_aux_loss(model, loss, m), float(sub.mask.sum()) / total, m
+                yield with_router_aux_loss(model, loss, m), factor * float(sub.mask.sum()) / total, m
 
         def critic_parts() -> Iterator[tuple]:
-            for idx in micro_batches(mb, ocfg.micro_batch_size):
+            for idx in micro_batches(mine, ocfg.micro_batch_size):
                 sub = batch.select(idx)
                 vloss, m = get_algorithm("loss", "value")(
                     critic_values(critic, sub), old_values[idx], returns[idx], sub.mask,
                     clip=algo.clip_value, huber_delta=float("inf"),
                 )  # fmt: skip
-                yield algo.vf_coef * vloss, float(sub.mask.sum()) / total, {"value_loss": vloss.detach(), **m}
+                yield algo.vf_coef * vloss, factor * float(sub.mask.sum()) / total, {"value_loss": vloss.detach(), **m}
 
-        loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, policy_parts())
-        _, cnorm, cm = accumulated_step(critic, critic_opt, config.critic.grad_clip, critic_parts())
+        loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, policy_parts(), world)
+        _, cnorm, cm = accumulated_step(critic, critic_opt, config.critic.grad_clip, critic_parts(), world)
         return {"loss": loss_value, "grad_norm": gnorm, "critic_grad_norm": cnorm, **m, **cm}
 
     update = minibatch_epochs(
@@ -266,6 +284,7 @@ def run_text_ppo(
     lm, rc, algo = run.lm, config.rollout, config.algo
     ref = run.reference() if algo.kl_coef > 0 else None
     critic = build_critic(config, lm.model)
+    broadcast_parameters(critic, run.world)  # the value head's random init: the same on every rank
     critic_cfg = config.optim.model_copy(update={"lr": config.critic.lr, "grad_clip": config.critic.grad_clip})
     critic_opt, critic_sched = build_text_optimizer(critic, critic_cfg, config.train.steps)
     engine = make_engine(rc.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, rc.engine_options())
@@ -283,14 +302,14 @@ def run_text_ppo(
         }
 
     def step(it: int) -> dict[str, float]:
-        metrics = ppo_iteration(config, lm, ref, critic, engine, (run.optimizer, critic_opt), it)
+        metrics = ppo_iteration(config, lm, ref, critic, engine, (run.optimizer, critic_opt), it, run.world)
         critic_sched.step()
         return metrics
 
     run.restore(load_extra)
     n_params = sum(p.numel() for p in lm.model.parameters())
     control = ", shuffled rewards (control)" if config.reward.shuffle else ""
-    log(
+    run.log(
         f"text_ppo: {lm.model.config.model_type}, {n_params / 1e6:.3f} M parameters + a critic; "
         f"{config.train.steps} iterations of {rc.prompts_per_iter} prompts x {rc.group_size} completions "
         f"(GAE gamma {algo.gamma} lambda {algo.lam}, KL coef {algo.kl_coef}{control})"
@@ -303,6 +322,6 @@ def run_text_ppo(
         unit="iteration",
         show=("reward_mean", "explained_variance", "eval_accuracy"),
     )
-    if result.final_dir is not None:
+    if result.final_dir is not None and run.world.is_main:
         critic.save_pretrained(Path(config.output.dir) / "critic_final", safe_serialization=True)
     return result
