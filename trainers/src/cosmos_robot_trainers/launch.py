@@ -37,7 +37,7 @@ TRAINERS: dict[str, tuple[str, str]] = {
 
 
 # trainers that run data parallel under torchrun / `train --nproc N` (cosmos_robot/distributed.py)
-DATA_PARALLEL = frozenset({"sft", "text_sft", "text_grpo", "text_ppo", *ALGORITHMS})
+DATA_PARALLEL = frozenset({"sft", "text_sft", "text_grpo", "text_ppo", "text_opd", "text_dpo", *ALGORITHMS})
 
 
 def check_world_size(name: str, world_size: int) -> None:

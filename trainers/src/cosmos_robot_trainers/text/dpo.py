@@ -18,13 +18,21 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.distributed import World
 from cosmos_robot.text.chat import prompt_ids, read_jsonl
 from cosmos_robot.text.engines import Completion, make_engine
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import EpochBatchSampler
 from cosmos_robot_trainers.text.config import TextDPOConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches, minibatch_epochs
+from cosmos_robot_trainers.text.driver import (
+    TextResult,
+    TextRun,
+    accumulated_step,
+    micro_batches,
+    minibatch_epochs,
+    minibatch_share,
+)
 from cosmos_robot_trainers.text.grpo import completion_batch, sample_groups, sequence_log_probs
 
 __all__ = ["dpo_update", "load_pairs", "pair_log_probs", "run_text_dpo", "sampled_pairs"]
@@ -79,8 +87,10 @@ def dpo_update(
     optimizer: Any,
     pairs: list[tuple[Completion, Completion]],
     generator: torch.Generator,
+    world: World | None = None,
 ) -> dict[str, float]:
-    """``epochs`` passes of minibatch DPO steps over ``pairs``; the mean metrics."""
+    """``epochs`` passes of minibatch DPO steps over ``pairs``; the mean metrics (data parallel: every
+    rank holds the same pairs and takes its share of each minibatch, ``driver.minibatch_share``)."""
     algo, ocfg, rcfg = config.algo, config.optim, config.rollout
     mean = algo.loss == "ipo"
     micro = ocfg.micro_batch_size
@@ -91,14 +101,16 @@ def dpo_update(
         ]
         ref_c, ref_r = torch.cat([c for c, _ in refs]), torch.cat([r for _, r in refs])
 
-    def parts(mb: list[int]) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
-        for idx in micro_batches(mb, micro):
+    def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
+        mine, factor = minibatch_share(mb, world)
+        for idx in micro_batches(mine.tolist(), micro):
             pc, pr = pair_log_probs(lm.model, [pairs[i] for i in idx], lm.pad_id, rcfg.temperature, mean)
             loss, m = get_algorithm("loss", "dpo")(pc, pr, ref_c[idx], ref_r[idx], algo.beta, algo.loss)
-            yield with_router_aux_loss(lm.model, loss, m), len(idx) / len(mb), m  # MoE: the router balancing term
+            # MoE: the router balancing term
+            yield with_router_aux_loss(lm.model, loss, m), factor * len(idx) / len(mb), m
 
     def step(mb: torch.Tensor) -> dict[str, float]:
-        loss_value, gnorm, m = accumulated_step(lm.model, optimizer, ocfg.grad_clip, parts(mb.tolist()))
+        loss_value, gnorm, m = accumulated_step(lm.model, optimizer, ocfg.grad_clip, parts(mb), world)
         return {"loss": loss_value, "grad_norm": gnorm, **m}
 
     return minibatch_epochs(len(pairs), ocfg.epochs, ocfg.minibatch_size, generator, step)
@@ -126,7 +138,7 @@ def run_text_dpo(
     run.restore(lambda saved: sampler.load_state_dict(saved["sampler"]) if sampler is not None else None)
     source = f"{len(offline)} pairs from {config.data.path}" if offline else f"pairs sampled from {config.data.task}"
     control = ", shuffled rewards (control)" if config.reward.shuffle else ""
-    log(f"text_dpo ({algo.loss}, beta {algo.beta}): {source}; {config.train.steps} iterations{control}")
+    run.log(f"text_dpo ({algo.loss}, beta {algo.beta}): {source}; {config.train.steps} iterations{control}")
 
     def iteration(it: int) -> dict[str, float]:
         g = torch.Generator().manual_seed(config.train.seed * 7919 + it)
@@ -134,12 +146,12 @@ def run_text_dpo(
         if offline is not None and sampler is not None:
             pairs = [offline[i] for i in sampler.next_indices().tolist()]
         else:
-            sampled = sample_groups(config, lm, engine, it)
+            sampled = sample_groups(config, lm, engine, it, run.world)
             metrics.update(sampled.metrics)
             pairs = sampled_pairs(sampled.groups, sampled.rewards, algo.pairs_per_prompt, g)
         metrics["pairs"] = float(len(pairs))
         if pairs:
-            metrics.update(dpo_update(config, lm, ref, run.optimizer, pairs, g))
+            metrics.update(dpo_update(config, lm, ref, run.optimizer, pairs, g, run.world))
             engine.sync_weights(lm.model)
         return metrics
 

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.config import ConfigError
 from cosmos_robot.distributed import World, all_gather_json, all_gather_rows, shard_range, sum_over_ranks
 from cosmos_robot.text.engines import Completion, SamplingParams, make_engine
 from cosmos_robot.text.moe import with_router_aux_loss
@@ -270,8 +269,6 @@ def sample_groups(config: Any, lm: Any, engine: Any, it: int, world: World | Non
         log_probs=not engine.scores_by_forward,  # else the trainer's "old" pass is the same
     )
     visual = any(im is not None for im in images)
-    if visual and world.distributed:
-        raise ConfigError("image-text GRPO runs in one process: its prompts' images are not sent between ranks yet")
     groups = engine.generate([p for p, _ in inputs], rcfg.group_size, params, images=images if visual else None)
     t_rollout = time.perf_counter() - t0
     rewards = score_groups(config, examples[lo:hi], groups)

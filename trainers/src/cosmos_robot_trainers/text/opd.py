@@ -31,12 +31,20 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.distributed import World, broadcast_parameters
 from cosmos_robot.text.engines import make_engine
 from cosmos_robot.text.hf import CausalLM
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.text.config import TextOPDConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, accumulated_step, micro_batches, minibatch_epochs
+from cosmos_robot_trainers.text.driver import (
+    TextResult,
+    TextRun,
+    accumulated_step,
+    micro_batches,
+    minibatch_epochs,
+    minibatch_share,
+)
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.state import load_lm
 
@@ -113,15 +121,18 @@ def _loss_parts(
     batch: CompletionBatch,
     scored: dict[str, torch.Tensor],
     vocab: int,
+    world: World | None = None,
 ) -> Callable[[torch.Tensor], Iterator[tuple[torch.Tensor, float, dict[str, Any]]]]:
-    """For a minibatch of rows: ``(loss, token share, metrics)`` per micro-batch of the recipe's loss."""
+    """For a minibatch of rows: ``(loss, token share, metrics)`` per micro-batch of the recipe's loss
+    (data parallel: this rank's rows only, ``driver.minibatch_share``)."""
     algo, rcfg, start = config.algo, config.rollout, batch.prompt_width
 
     def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
         total = max(float(batch.mask[mb].sum()), 1e-9)
-        for idx in micro_batches(mb, config.optim.micro_batch_size):
+        mine, factor = minibatch_share(mb, world)
+        for idx in micro_batches(mine, config.optim.micro_batch_size):
             sub = batch.select(idx)
-            share = float(sub.mask.sum()) / total
+            share = factor * float(sub.mask.sum()) / total
             if algo.loss == "jsd":
                 with torch.no_grad():
                     t_logits = completion_logits(teacher, sub)
@@ -141,11 +152,14 @@ def _loss_parts(
     return parts
 
 
-def opd_iteration(config: TextOPDConfig, lm: Any, teacher: Any, engine: Any, optimizer: Any, it: int) -> dict:
-    """One student rollout, the teacher's scoring, and the distillation update; the iteration's metrics."""
+def opd_iteration(
+    config: TextOPDConfig, lm: Any, teacher: Any, engine: Any, optimizer: Any, it: int, world: World | None = None
+) -> dict:
+    """One student rollout, the teacher's scoring, and the distillation update; the iteration's metrics
+    (data parallel as GRPO: ``grpo.sample_groups``, ``driver.minibatch_share``)."""
     rcfg, algo, ocfg = config.rollout, config.algo, config.optim
     model = lm.model
-    sampled = sample_groups(config, lm, engine, it)
+    sampled = sample_groups(config, lm, engine, it, world)
     device = next(model.parameters()).device
     batch = completion_batch([c for g in sampled.groups for c in g], lm.pad_id).to(device)
     t1 = time.perf_counter()
@@ -155,10 +169,10 @@ def opd_iteration(config: TextOPDConfig, lm: Any, teacher: Any, engine: Any, opt
         old = torch.cat([sequence_log_probs(model, batch.select(p), rcfg.temperature) for p in pieces])
         t_lp = torch.cat([sequence_log_probs(teacher, batch.select(p), rcfg.temperature) for p in pieces])
     scored = {"old": old, "adv": sampled_token_advantages(t_lp, old, batch.mask, algo.gamma)}
-    parts = _loss_parts(config, model, teacher, batch, scored, len(lm.tokenizer))
+    parts = _loss_parts(config, model, teacher, batch, scored, len(lm.tokenizer), world)
 
     def step(mb: torch.Tensor) -> dict[str, float]:
-        loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, parts(mb))
+        loss_value, gnorm, m = accumulated_step(model, optimizer, ocfg.grad_clip, parts(mb), world)
         return {"loss": loss_value, "grad_norm": gnorm, **m}
 
     update = minibatch_epochs(
@@ -196,15 +210,16 @@ def run_text_opd(
     teacher = load_lm(config.teacher.init, config.model, tcfg.dtype, tcfg.device)
     check_shared_vocabulary(lm, teacher, where=f"teacher {config.teacher.init}")
     teacher_model = teacher.model.eval().requires_grad_(False)
+    broadcast_parameters(teacher_model, run.world)  # a random tiny teacher: the same on every rank
     engine = make_engine(rc.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, rc.engine_options())
     run.restore()
     how = f"JSD beta {algo.beta}" if algo.loss == "jsd" else f"sampled-token reverse KL, gamma {algo.gamma}"
-    log(
+    run.log(
         f"text_opd: student {lm.model.config.model_type} from {config.init}, teacher {config.teacher.init}; "
         f"{tcfg.steps} iterations of {rc.prompts_per_iter} prompts x {rc.group_size} completions ({how})"
     )
     return run.loop(
-        lambda it: opd_iteration(config, lm, teacher_model, engine, run.optimizer, it),
+        lambda it: opd_iteration(config, lm, teacher_model, engine, run.optimizer, it, run.world),
         kind="text_opd",
         stop_at_step=stop_at_step,
         unit="iteration",
