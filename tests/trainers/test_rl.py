@@ -331,6 +331,32 @@ def test_ray_rollout_workers_match_the_schedule(tmp_path: Path) -> None:
     assert record["env_steps"] > 0 and record["decisions"] > 0
 
 
+@pytest.mark.slow
+def test_ray_rollout_workers_are_placed_in_a_placement_group_and_a_missing_gpu_is_named(tmp_path: Path) -> None:
+    """``rollout.worker_cpus`` puts each Ray rollout worker in its own bundle of one placement group (the
+    same episodes as unplaced workers); a GPU share the cluster cannot give fails within the timeout,
+    naming the fields and what the cluster has."""
+    pytest.importorskip("ray")
+    import ray
+
+    placed = debug_config(
+        "grpo", tmp_path / "placed", "rollout.num_workers=2", "rollout.worker_cpus=1", "train.iterations=1"
+    )
+    free = debug_config("grpo", tmp_path / "free", "rollout.num_workers=2", "train.iterations=1")
+    run_rl(placed, log=quiet)
+    run_rl(free, log=quiet)
+    (a,), (b,) = read_metrics(tmp_path / "placed"), read_metrics(tmp_path / "free")
+    assert deterministic(a) == deterministic(b)
+    assert ray.util.placement_group_table() and all(  # the run removed its group at the end
+        g["state"] == "REMOVED" for g in ray.util.placement_group_table().values()
+    )
+    gpu = debug_config(
+        "grpo", tmp_path / "gpu", "rollout.num_workers=2", "rollout.worker_gpus=0.5", "rollout.placement_timeout_s=3"
+    )
+    with pytest.raises(RuntimeError, match=r"Ray could not place 2 rollout workers of \{'CPU': 0\.0, 'GPU': 0\.5\}"):
+        run_rl(gpu, log=quiet)
+
+
 def test_progress_shaping_telescopes_per_episode() -> None:
     """With shaping c, an episode's rewards sum to success + c * (phi_last - phi_first), within [-c, c] of it."""
     config = debug_config("joint_ppo", Path("/x"), "env.max_steps=15", "reward.shaping_coef=2.0")

@@ -116,6 +116,13 @@ class RolloutConfig(StrictModel):
     num_flow_steps: int | None = Field(default=None, ge=1)  # denoising steps K (None: the checkpoint's)
     noise_level: float | None = Field(default=None, gt=0)  # Flow-SDE a in sigma_t = a sqrt(t/(1-t)) (None: ckpt)
     num_workers: int = Field(default=1, ge=1)  # rollout workers; > 1 runs them as Ray actors (pip install ray)
+    # Ray rollout workers' placement (num_workers > 1): each worker is one bundle of a placement group with
+    # these resources (0 CPUs and 0 GPUs: no placement group, actors go where Ray puts them); a GPU share
+    # puts the worker's policy on its GPU (e.g. 0.25: four workers share one GPU)
+    worker_cpus: float = Field(default=0.0, ge=0)
+    worker_gpus: float = Field(default=0.0, ge=0)
+    placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"  # the group's strategy
+    placement_timeout_s: float = Field(default=300.0, gt=0)  # how long to wait for the cluster to place the group
 
     @model_validator(mode="after")
     def _dims(self) -> RolloutConfig:
@@ -333,6 +340,10 @@ RUNTIME_FIELDS = frozenset(
         "name",
         "env.vector_mode",
         "rollout.num_workers",
+        "rollout.worker_cpus",
+        "rollout.worker_gpus",
+        "rollout.placement",
+        "rollout.placement_timeout_s",
         "env.step_timeout",
         "train.ckpt_every",
         "train.keep_checkpoints",

@@ -123,13 +123,18 @@ class LocalRollouts:
 
 
 class _RayWorker:
-    """The body of one Ray actor: a ``RolloutWorker`` over its own envs and policy copy."""
+    """The body of one Ray actor: a ``RolloutWorker`` over its own envs and policy copy (on the GPU Ray
+    gave it, when its bundle has a GPU share)."""
 
     def __init__(self, config_data: dict[str, Any], num_envs: int, threads: int) -> None:
         torch.set_num_threads(threads)
         config = RLConfig.model_validate(config_data)
+        device = torch.device("cuda" if config.rollout.worker_gpus > 0 else "cpu")
         policy = load_rl_adapter(
-            resolve_init(config.init), noise_level=config.rollout.noise_level, freeze_vlm=config.optim.freeze_vlm
+            resolve_init(config.init),
+            device,
+            noise_level=config.rollout.noise_level,
+            freeze_vlm=config.optim.freeze_vlm,
         )
         if config.rollout.num_flow_steps is not None:
             policy.set_num_flow_steps(config.rollout.num_flow_steps)
@@ -153,9 +158,41 @@ class RayRollouts:
         self.ray = ray
         n = config.rollout.num_workers
         share = env_shares(config.env.num_envs if num_envs is None else num_envs, n)
-        actor = ray.remote(num_cpus=0)(_RayWorker)
+        self.group: Any = None
+        placements = self._place(config, n)
+        threads = max(1, int(config.rollout.worker_cpus))
         data = config.model_dump(mode="json")
-        self.actors: list[Any] = [actor.remote(data, share[w], 1) for w in range(n)]
+        self.actors: list[Any] = [
+            ray.remote(_RayWorker).options(**placements[w]).remote(data, share[w], threads) for w in range(n)
+        ]
+
+    def _place(self, config: RLConfig, n: int) -> list[dict[str, Any]]:
+        """Each worker's actor options: a bundle of one placement group when ``rollout.worker_cpus`` or
+        ``worker_gpus`` asks for resources (``rollout.placement`` the strategy), else none (0 CPUs)."""
+        r = config.rollout
+        if not (r.worker_cpus or r.worker_gpus):
+            return [{"num_cpus": 0}] * n
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundle = {"CPU": r.worker_cpus, **({"GPU": r.worker_gpus} if r.worker_gpus else {})}
+        self.group = placement_group([dict(bundle) for _ in range(n)], strategy=r.placement.upper())
+        ready, _ = self.ray.wait([self.group.ready()], timeout=r.placement_timeout_s)
+        if not ready:
+            self.ray.util.remove_placement_group(self.group)
+            raise RuntimeError(
+                f"Ray could not place {n} rollout workers of {bundle} ({r.placement}) within "
+                f"rollout.placement_timeout_s={r.placement_timeout_s:g}; the cluster has "
+                f"{self.ray.available_resources()} available: lower rollout.worker_cpus / worker_gpus or add nodes"
+            )
+        return [
+            {
+                "num_cpus": r.worker_cpus,
+                "num_gpus": r.worker_gpus,
+                "scheduling_strategy": PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=w),
+            }
+            for w in range(n)
+        ]
 
     def collect(self, specs: Sequence[EpisodeSpec], seed: int) -> Rollout:
         parts = deal_specs(specs, len(self.actors))
@@ -177,6 +214,8 @@ class RayRollouts:
         finally:
             for a in self.actors:
                 self.ray.kill(a)
+            if self.group is not None:
+                self.ray.util.remove_placement_group(self.group)
 
 
 class DataParallelRollouts:
