@@ -74,6 +74,21 @@ def command(
     if os.environ.get("RANK", "0") == "0":  # a data-parallel run's rank 0 speaks for it
         final = f"; policy: {result.final_dir}" if result.final_dir else ""
         typer.echo(f"step {result.step}: {result.out_dir}{final}")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _leave_without_finalizing()
+
+
+def _leave_without_finalizing() -> None:
+    """End a data-parallel process now that its run is written and its process group destroyed, without
+    the interpreter's finalization: gloo's worker threads may still hold tensors, and freeing them while
+    the interpreter is torn down aborts the process (SIGABRT, "terminate called without an active
+    exception"; seen once in CI on an FSDP run that had finished; pytorch/pytorch PR 179291)."""
+    ray = sys.modules.get("ray")  # the Ray instance a rank started (RL scale-out) is shut down as atexit would
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _torchrun(recipe: str, overrides: list[str], resume: bool, overwrite: bool, nproc: int) -> int:

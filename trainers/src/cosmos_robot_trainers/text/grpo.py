@@ -376,20 +376,23 @@ def grpo_iteration(
     engine.sync_weights(model)
     if old is None and world.distributed:  # each rank saw its own rows' log-probs: join them
         seen_old = sum_over_ranks(seen_old.detach().cpu(), world).to(seen_old)
-    engine_lp = seen_old if forward_engine else batch.engine_log_probs
-    gap = (seen_old - engine_lp).abs() * batch.mask
-    tis = None if algo.tis_cap is None else torch.clamp(torch.exp(seen_old - engine_lp), max=algo.tis_cap)
     metrics.update(update)
-    metrics.update(
-        {
-            "trained_completions": float(rows.numel()),
-            "logprob_gap_max": float(gap.max()),
-            "logprob_gap_mean": float(masked_mean(gap, batch.mask)),
-            "tis_mean": float(masked_mean(tis, batch.mask)) if tis is not None else 1.0,
-            "time/update": time.perf_counter() - t1,
-        }
-    )
+    metrics.update(_engine_gap(seen_old, batch, forward_engine, algo.tis_cap))
+    metrics.update({"trained_completions": float(rows.numel()), "time/update": time.perf_counter() - t1})
     return metrics
+
+
+def _engine_gap(old: torch.Tensor, batch: CompletionBatch, forward_engine: bool, tis_cap: float | None) -> dict:
+    """How far the trainer's old log-probs are from the rollout engine's (the off-policy gap, and the
+    truncated importance weight's mean when ``tis_cap`` corrects for it)."""
+    engine_lp = old if forward_engine else batch.engine_log_probs
+    gap = (old - engine_lp).abs() * batch.mask
+    tis = None if tis_cap is None else torch.clamp(torch.exp(old - engine_lp), max=tis_cap)
+    return {
+        "logprob_gap_max": float(gap.max()),
+        "logprob_gap_mean": float(masked_mean(gap, batch.mask)),
+        "tis_mean": float(masked_mean(tis, batch.mask)) if tis is not None else 1.0,
+    }
 
 
 def run_text_grpo(
