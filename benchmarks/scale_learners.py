@@ -53,9 +53,21 @@ CASES = {
             ["rollout.episodes_per_iter=64", "env.num_envs=4", "eval.every=0", "eval.final=false",
              "optim.minibatch_size=256"],
         ),
-        Case("grpo_qwen3_tiny_addition", "rl", 6, ["eval.final=false", "eval.every=0"], "trained_completions"),
+        # the tiny Qwen3 of debug_text_grpo at grpo_qwen3_tiny_addition's batch (which starts from an SFT run)
+        Case(
+            "debug_text_grpo", "rl", 6,
+            ["rollout.prompts_per_iter=64", "rollout.group_size=8", "optim.minibatch_size=128",
+             "algo.filter_groups=false", "eval.final=false", "eval.every=0"],
+            "trained_completions",
+        ),
     )
 }  # fmt: skip
+
+
+def _trainer_of(recipe: str) -> str:
+    from cosmos_robot_trainers.launch import load_train_recipe
+
+    return str(load_train_recipe(recipe)[0])
 
 
 def run_case(case: Case, nproc: int, threads: int, device: str, work: Path) -> dict:
@@ -63,7 +75,7 @@ def run_case(case: Case, nproc: int, threads: int, device: str, work: Path) -> d
     if case.kind == "sft":
         every = max(1, case.length // 5)
         length = [f"train.steps={case.length}", f"train.log_every={every}", f"train.ckpt_every={every * 5}"]
-    elif case.recipe.startswith(("grpo_qwen3", "ppo_qwen3", "dpo_qwen3", "opd_qwen3")):  # text: steps = iterations
+    elif _trainer_of(case.recipe).startswith("text_"):  # text RL: train.steps counts iterations
         length = [f"train.steps={case.length}", "train.log_every=1", f"train.ckpt_every={case.length}"]
     else:
         length = [f"train.iterations={case.length}", f"train.ckpt_every={case.length}"]
