@@ -155,6 +155,8 @@ RECIPES = {
     "debug_text_sft": (None, "2 rows of each batch per process", "final/config.json"),
     # GR00T: LeRobot's masked loss divided by the mask's sum, on cached backbone features
     "debug_sft_groot": ("data.root", "4 samples of each batch per process", "final/model.safetensors"),
+    # pi0.5: LeRobot's processors in the loop, the masked flow loss over real action steps
+    "debug_sft_pi05": ("data.root", "4 samples of each batch per process", "final/model.safetensors"),
 }
 
 
