@@ -86,6 +86,31 @@ def test_every_trainer_runs_data_parallel_and_one_that_does_not_would_be_refused
         check_world_size("future_trainer", 2)
 
 
+def test_rl_and_text_rl_refuse_a_world_their_iteration_cannot_be_split_over(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Before any folder: every learner process needs an env and an episode group, every text process an
+    equal share of the prompts; the errors name the fields."""
+    from cosmos_robot_trainers.rl.trainer import run_rl
+    from cosmos_robot_trainers.text.grpo import run_text_grpo
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)  # no process group is started
+    monkeypatch.setattr("torch.distributed.get_backend", lambda: "gloo")
+    out = f'output.dir="{tmp_path / "x"}"'
+    _, config = load_train_recipe("debug_joint_ppo", [out, "env.num_envs=1"])
+    with pytest.raises(ConfigError, match=r"env\.num_envs=1 is fewer than the 2 learner processes"):
+        run_rl(config)
+    _, config = load_train_recipe("debug_grpo", [out, "rollout.episodes_per_iter=2"])
+    with pytest.raises(ConfigError, match=r"= 1 episode groups per iteration for 2 learner processes"):
+        run_rl(config)
+    _, config = load_train_recipe("debug_text_grpo", [out, "rollout.prompts_per_iter=3"])
+    with pytest.raises(ConfigError, match=r"rollout\.prompts_per_iter=3 is not divisible by the 2"):
+        run_text_grpo(config)
+    assert not (tmp_path / "x").exists()
+
+
 def test_rank_shares_cover_a_minibatch_and_weigh_it_back_to_its_mean() -> None:
     """Each rank's share of a minibatch and its loss weight: the shares tile the minibatch, the weights
     average to 1 (so weighted share losses average to the minibatch's mean loss), a unit (an episode,

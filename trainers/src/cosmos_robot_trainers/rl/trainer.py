@@ -63,7 +63,7 @@ from cosmos_robot_trainers.rl.learner import RATIO_GATE, build_optimizer
 from cosmos_robot_trainers.rl.methods import UpdateInputs, get_method
 from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, frozen_copy, load_rl_adapter
 from cosmos_robot_trainers.rl.rollout import Rollout, episode_specs
-from cosmos_robot_trainers.rl.workers import Rollouts, make_rollouts
+from cosmos_robot_trainers.rl.workers import Rollouts, check_learner_world, make_rollouts
 
 __all__ = ["RLResult", "RatioGateError", "run_rl"]
 
@@ -183,6 +183,7 @@ def run_rl(
     """Train (or continue) the recipe; ``stop_at_iteration`` stops like a kill would (tests)."""
     tcfg = config.train
     world = world_from_env(tcfg.device)
+    check_learner_world(config, world)
     if not world.is_main:
         log = _quiet  # rank 0 speaks for the run
     # a bad init fails before any folder is made
@@ -248,8 +249,8 @@ def _setup(
         logger = MetricsLogger(Path(config.output.dir), resume_step=start, tensorboard=config.output.tensorboard)
     if world.distributed:
         log(
-            f"data parallel: {world.world_size} learner processes ({world.backend}); each collects every "
-            f"{world.world_size}th episode group and takes its share of each minibatch"
+            f"data parallel: {world.world_size} learner processes ({world.backend}); each collects its share "
+            "of the episode groups and takes its share of each minibatch"
         )
     rollouts = make_rollouts(config, policy, world)
     if start > 0:  # Ray rollout workers were built from the init; a resumed learner's weights are the checkpoint's

@@ -40,6 +40,7 @@ __all__ = [
     "RayRollouts",
     "connect_ray",
     "deal_specs",
+    "check_learner_world",
     "env_shares",
     "make_rollouts",
     "worker_seed",
@@ -70,6 +71,20 @@ def env_shares(num_envs: int, n: int, what: str = "rollout workers") -> list[int
     if num_envs < n:
         raise ConfigError(f"env.num_envs={num_envs} is fewer than the {n} {what}: each needs at least one env")
     return [num_envs // n + (1 if w < num_envs % n else 0) for w in range(n)]
+
+
+def check_learner_world(config: RLConfig, world: World) -> None:
+    """Refuse, before any folder is made, a learner world the iteration cannot be split over: every
+    process needs at least one env and one episode group."""
+    if not world.distributed:
+        return
+    env_shares(config.env.num_envs, world.world_size, "learner processes")
+    groups = config.rollout.episodes_per_iter // config.algo.group_size
+    if groups < world.world_size:
+        raise ConfigError(
+            f"rollout.episodes_per_iter / algo.group_size = {groups} episode groups per iteration for "
+            f"{world.world_size} learner processes: each needs at least one"
+        )
 
 
 def connect_ray(world: World) -> Any:
@@ -226,13 +241,7 @@ class DataParallelRollouts:
         self.inner, self.world = inner, world
 
     def collect(self, specs: Sequence[EpisodeSpec], seed: int) -> Rollout:
-        parts = deal_specs(specs, self.world.world_size)
-        if not all(parts):
-            groups = len({s.group for s in specs})
-            raise ConfigError(
-                f"the iteration has {groups} episode groups (rollout.episodes_per_iter / algo.group_size) "
-                f"for {self.world.world_size} learner processes: each needs at least one"
-            )
+        parts = deal_specs(specs, self.world.world_size)  # every part holds a group: check_learner_world
         rank = self.world.rank
         return gather_rollout(self.inner.collect(parts[rank], worker_seed(seed, rank)), self.world)
 

@@ -84,6 +84,12 @@ class TextRun:
             raise ConfigError(
                 f"train.batch_size={tcfg.batch_size} is not divisible by the {self.world.world_size} training processes"
             )
+        prompts = getattr(getattr(config, "rollout", None), "prompts_per_iter", None)
+        if self.world.distributed and prompts is not None and prompts % self.world.world_size:
+            raise ConfigError(
+                f"rollout.prompts_per_iter={prompts} is not divisible by the {self.world.world_size} training "
+                "processes (each samples an equal share of the prompts)"
+            )
         task = getattr(getattr(config, "data", None), "task", None)
         if self.world.distributed and task and get_task(str(task)).render is not None:
             raise ConfigError(
