@@ -68,7 +68,7 @@ class RecordConfig:
     episodes_per_task: int = 50  # rollouts attempted per task (failures are dropped with only_success)
     suite: str = "tabletop"  # env suite with scripted experts (schema.DEMO_LAYOUTS): tabletop, driving
     cameras: bool = True  # record the suite's cameras (False: vectors only, nothing rendered)
-    expert_noise: float = 0.0  # DART-style: perturb the executed actions by this scale, store clean labels (driving)
+    expert_noise: float = 0.0  # DART-style: perturb the executed actions by this scale, store clean labels
     num_envs: int = 4  # envs stepped in lockstep
     image_size: int = 128  # camera images are image_size x image_size pixels
     seed: int = 0  # base seed; episode seeds derive from it (SEED_RULE)

@@ -186,6 +186,24 @@ class _PlanPerturbation:
         return out.reshape(-1)
 
 
+class _HandPerturbation:
+    """Executed action = the expert's with an AR(1) offset on the hand's translation command (dims 0-2,
+    stationary std ``0.3 * noise`` of the action range per axis, correlation 0.8 per step), so the hand
+    wanders a few centimetres off the expert's path for several steps at a time and the expert, whose
+    next label is read from where the hand really is, shows the way back (approach, grasp, carry and
+    release alike). Rotation and gripper commands run as the expert gave them."""
+
+    def __init__(self) -> None:
+        self.offset = np.zeros(3)
+
+    def __call__(self, action: np.ndarray, noise: float, rng: np.random.Generator) -> np.ndarray:
+        keep = 0.8
+        self.offset = keep * self.offset + np.sqrt(1 - keep**2) * 0.3 * noise * rng.standard_normal(3)
+        out = np.asarray(action, np.float32).copy()
+        out[:3] = np.clip(out[:3] + self.offset, -1.0, 1.0)
+        return out
+
+
 def _driving_features(image_size: int, use_videos: bool, cameras: bool) -> dict[str, dict[str, Any]]:
     from cosmos_robot_envs.driving.env import AGENT_FIELDS, HISTORY_FIELDS, state_layout
 
@@ -231,6 +249,7 @@ TABLETOP = DemoLayout(
         OBJECT_STATE: "simulator state (object pose, goal, drawer opening, task one-hot) the experts act "
         "from; for RL critics and analysis, not a deployable policy input"
     },
+    perturb_factory=_HandPerturbation,
 )
 DRIVING = DemoLayout(
     suite="driving",

@@ -10,6 +10,7 @@ ratio within 1e-3 of 1 and resumes exactly after a stop."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -68,7 +69,13 @@ def test_record_driving_stores_state_and_the_experts_plans(tmp_path: Path) -> No
         assert np.allclose(plan_from_state(state).reshape(-1), action, atol=1e-5)
 
 
-def test_record_refuses_noise_for_a_suite_without_a_perturbation(tmp_path: Path) -> None:
+def test_record_refuses_noise_for_a_suite_without_a_perturbation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import cosmos_robot.data.schema as schema
+
+    # every built-in suite has one now: take the tabletop's away to see the refusal
+    monkeypatch.setitem(schema.DEMO_LAYOUTS, "tabletop", dataclasses.replace(schema.TABLETOP, perturb_factory=None))
     with pytest.raises(ValueError, match="expert_noise: suite 'tabletop' has no action perturbation"):
         record_demonstrations(RecordConfig(suite="tabletop", expert_noise=0.5), tmp_path / "out")
     with pytest.raises(ValueError, match="expert_noise: expected >= 0"):

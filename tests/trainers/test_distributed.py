@@ -131,6 +131,55 @@ def test_rank_shares_cover_a_minibatch_and_weigh_it_back_to_its_mean() -> None:
     assert rank_share(mb, World()) == (mb, 1.0)
 
 
+def _score_rows_worker(rank: int, port: int, out: str) -> None:
+    """One of two gloo ranks scoring 10 rows in micro-batches of 3 (and in one piece) with score_rows."""
+    import json
+
+    import torch.distributed as dist
+
+    from cosmos_robot_trainers.text.driver import score_rows
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    world = World(rank=rank, world_size=2, backend="gloo")
+    seen: list[list[int]] = []
+
+    def score(rows: torch.Tensor) -> torch.Tensor:
+        seen.append(rows.tolist())
+        return torch.stack([rows.double() ** 2, -rows.double()], dim=1)
+
+    micro = score_rows(score, 10, 3, "cpu", world)
+    whole = score_rows(score, 10, None, "cpu", world)
+    tiny = score_rows(score, 1, None, "cpu", world)  # fewer rows than ranks: both score it
+    Path(out, f"{rank}.json").write_text(json.dumps([seen, micro.tolist(), whole.tolist(), tiny.tolist()]))
+    dist.destroy_process_group()
+
+
+def test_scoring_passes_are_split_over_ranks_in_the_single_process_micro_batches(tmp_path: Path) -> None:
+    """driver.score_rows: each rank scores a contiguous share of the micro-batches (the single-process ones:
+    rows 0-2, 3-5 | 6-8, 9), the shares are joined, and every rank holds what one process computes."""
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from cosmos_robot_trainers.text.driver import score_rows
+
+    expected = torch.stack([torch.arange(10).double() ** 2, -torch.arange(10).double()], dim=1)
+    single = score_rows(lambda r: torch.stack([r.double() ** 2, -r.double()], dim=1), 10, 3, "cpu")
+    assert torch.equal(single, expected)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(_score_rows_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    assert got[0][0] == [[0, 1, 2], [3, 4, 5], [0, 1, 2, 3, 4], [0]]
+    assert got[1][0] == [[6, 7, 8], [9], [5, 6, 7, 8, 9], [0]]
+    for _seen, micro, whole, tiny in got:
+        assert torch.equal(torch.tensor(micro, dtype=torch.float64), expected)
+        assert torch.equal(torch.tensor(whole, dtype=torch.float64), expected)
+        assert torch.equal(torch.tensor(tiny, dtype=torch.float64), expected[:1])
+
+
 def test_episode_groups_are_dealt_to_ranks_as_to_ray_workers() -> None:
     specs = [EpisodeSpec(i, "reach", 100 + i // 2, i // 2) for i in range(8)]  # 4 groups of 2
     parts = deal_specs(specs, 2)

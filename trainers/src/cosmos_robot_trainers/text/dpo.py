@@ -32,6 +32,7 @@ from cosmos_robot_trainers.text.driver import (
     micro_batches,
     minibatch_epochs,
     minibatch_share,
+    score_rows,
 )
 from cosmos_robot_trainers.text.grpo import completion_batch, sample_groups, sequence_log_probs
 
@@ -94,12 +95,18 @@ def dpo_update(
     algo, ocfg, rcfg = config.algo, config.optim, config.rollout
     mean = algo.loss == "ipo"
     micro = ocfg.micro_batch_size
-    with torch.no_grad():
-        refs = [
-            pair_log_probs(ref, pairs[i[0] : i[-1] + 1], lm.pad_id, rcfg.temperature, mean)
-            for i in micro_batches(list(range(len(pairs))), micro)
-        ]
-        ref_c, ref_r = torch.cat([c for c, _ in refs]), torch.cat([r for _, r in refs])
+    with torch.no_grad():  # data parallel: each rank scores its share of the pairs (driver.score_rows)
+        device = next(lm.model.parameters()).device
+        refs = score_rows(
+            lambda p: torch.stack(
+                pair_log_probs(ref, pairs[int(p[0]) : int(p[-1]) + 1], lm.pad_id, rcfg.temperature, mean), dim=1
+            ),
+            len(pairs),
+            micro,
+            device,
+            world,
+        )
+        ref_c, ref_r = refs[:, 0], refs[:, 1]
 
     def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
         mine, factor = minibatch_share(mb, world)

@@ -23,6 +23,7 @@ import torch
 from cosmos_robot.config import ConfigError
 from cosmos_robot.distributed import (
     World,
+    all_gather_rows,
     any_rank,
     average_gradients,
     barrier,
@@ -54,7 +55,15 @@ from cosmos_robot_trainers.text.state import (
     save_text_state,
 )
 
-__all__ = ["TextResult", "TextRun", "accumulated_step", "micro_batches", "minibatch_epochs", "minibatch_share"]
+__all__ = [
+    "TextResult",
+    "TextRun",
+    "accumulated_step",
+    "micro_batches",
+    "minibatch_epochs",
+    "minibatch_share",
+    "score_rows",
+]
 
 StepFn = Callable[[int], dict[str, float]]
 
@@ -263,6 +272,29 @@ def micro_batches(rows: Any, size: int | None) -> list[Any]:
     n = len(rows)
     step = n if not size else size
     return [rows[i : i + step] for i in range(0, n, max(step, 1))]
+
+
+def score_rows(
+    score: Callable[[torch.Tensor], torch.Tensor], n: int, micro: int | None, device: Any, world: World | None = None
+) -> torch.Tensor:
+    """``score(rows)`` (a tensor with one leading entry per row) for rows ``0..n-1``, micro-batch by
+    micro-batch: the no-gradient scoring passes (old and reference log-probs, a teacher's, a critic's
+    values) over a batch every rank holds.
+
+    Data parallel (``world``): each rank scores a contiguous share of the micro-batches and the shares
+    are joined (``all_gather_rows``), so the pass costs 1/N of the single-process one and every row is
+    still scored in the same micro-batch as in one process. With fewer micro-batches than ranks (no
+    ``micro_batch_size``) the rows are split evenly instead; with fewer rows than ranks every rank
+    scores them all."""
+    rows = torch.arange(n, device=device)
+    pieces = micro_batches(rows, micro)
+    if world is None or not world.distributed or n < world.world_size:
+        return torch.cat([score(p) for p in pieces])
+    size, rank = world.world_size, world.rank
+    if len(pieces) < size:
+        pieces = list(torch.tensor_split(rows, size))
+    mine = pieces[len(pieces) * rank // size : len(pieces) * (rank + 1) // size]
+    return torch.cat(all_gather_rows(torch.cat([score(p) for p in mine]), world))
 
 
 def minibatch_share(mb: torch.Tensor, world: World | None) -> tuple[torch.Tensor, float]:

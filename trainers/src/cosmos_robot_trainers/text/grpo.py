@@ -51,6 +51,7 @@ from cosmos_robot_trainers.text.driver import (
     micro_batches,
     minibatch_epochs,
     minibatch_share,
+    score_rows,
 )
 
 __all__ = [
@@ -325,16 +326,15 @@ def grpo_iteration(
     # so the separate scoring pass is skipped (ratio exactly 1, as in TRL)
     single = ocfg.epochs == 1 and ocfg.minibatch_size >= rows.numel()
     forward_engine = engine.scores_by_forward  # sampled from this model: old is its log-prob
-    with torch.no_grad():
-        pieces = micro_batches(torch.arange(rows.numel(), device=device), micro)
-        old = (
-            None
-            if single
-            else torch.cat([sequence_log_probs(model, batch.select(p), rcfg.temperature) for p in pieces])
-        )
-        ref_lp = None
-        if ref is not None:
-            ref_lp = torch.cat([sequence_log_probs(ref, batch.select(p), rcfg.temperature) for p in pieces])
+    with torch.no_grad():  # data parallel: each rank scores its share of the rows (driver.score_rows)
+
+        def score(net: Any) -> torch.Tensor:
+            return score_rows(
+                lambda p: sequence_log_probs(net, batch.select(p), rcfg.temperature), rows.numel(), micro, device, world
+            )
+
+        old = None if single else score(model)
+        ref_lp = None if ref is None else score(ref)
     seen_old = torch.zeros_like(batch.mask) if old is None else old
     per_token = algo.loss_agg == "token_mean" and algo.policy_loss != "gspo"  # else a mean over sequences
 

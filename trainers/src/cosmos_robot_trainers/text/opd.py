@@ -44,6 +44,7 @@ from cosmos_robot_trainers.text.driver import (
     micro_batches,
     minibatch_epochs,
     minibatch_share,
+    score_rows,
 )
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.state import load_lm
@@ -164,10 +165,17 @@ def opd_iteration(
     batch = completion_batch([c for g in sampled.groups for c in g], lm.pad_id).to(device)
     t1 = time.perf_counter()
     n = batch.mask.shape[0]
-    with torch.no_grad():
-        pieces = micro_batches(torch.arange(n, device=device), ocfg.micro_batch_size)
-        old = torch.cat([sequence_log_probs(model, batch.select(p), rcfg.temperature) for p in pieces])
-        t_lp = torch.cat([sequence_log_probs(teacher, batch.select(p), rcfg.temperature) for p in pieces])
+    with torch.no_grad():  # data parallel: each rank scores its share of the rows (driver.score_rows)
+        old, t_lp = (
+            score_rows(
+                lambda p, net=net: sequence_log_probs(net, batch.select(p), rcfg.temperature),
+                n,
+                ocfg.micro_batch_size,
+                device,
+                world,
+            )
+            for net in (model, teacher)
+        )
     scored = {"old": old, "adv": sampled_token_advantages(t_lp, old, batch.mask, algo.gamma)}
     parts = _loss_parts(config, model, teacher, batch, scored, len(lm.tokenizer), world)
 

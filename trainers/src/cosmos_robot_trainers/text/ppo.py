@@ -50,6 +50,7 @@ from cosmos_robot_trainers.text.driver import (
     micro_batches,
     minibatch_epochs,
     minibatch_share,
+    score_rows,
 )
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.precision import build_text_optimizer
@@ -180,14 +181,21 @@ def critic_values(critic: torch.nn.Module, batch: CompletionBatch) -> torch.Tens
     return values * batch.mask
 
 
-def _score(config: TextPPOConfig, model: Any, ref: Any, critic: Any, batch: CompletionBatch) -> tuple:
-    """Old log-probs, reference log-probs (or None) and old values, micro-batch by micro-batch."""
+def _score(
+    config: TextPPOConfig, model: Any, ref: Any, critic: Any, batch: CompletionBatch, world: World | None = None
+) -> tuple:
+    """Old log-probs, reference log-probs (or None) and old values, micro-batch by micro-batch (data
+    parallel: each rank scores its share of the rows, ``driver.score_rows``)."""
     temp, micro = config.rollout.temperature, config.optim.micro_batch_size
-    pieces = micro_batches(torch.arange(batch.mask.shape[0], device=batch.mask.device), micro)
+    n, device = batch.mask.shape[0], batch.mask.device
+
+    def rows(score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return score_rows(score, n, micro, device, world)
+
     with torch.no_grad():
-        old = torch.cat([sequence_log_probs(model, batch.select(p), temp) for p in pieces])
-        ref_lp = None if ref is None else torch.cat([sequence_log_probs(ref, batch.select(p), temp) for p in pieces])
-        values = torch.cat([critic_values(critic, batch.select(p)) for p in pieces])
+        old = rows(lambda p: sequence_log_probs(model, batch.select(p), temp))
+        ref_lp = None if ref is None else rows(lambda p: sequence_log_probs(ref, batch.select(p), temp))
+        values = rows(lambda p: critic_values(critic, batch.select(p)))
     return old, ref_lp, values
 
 
@@ -214,7 +222,7 @@ def ppo_iteration(
     if algo.missing_eos_penalty is not None:
         scores = scores - algo.missing_eos_penalty * (~batch.stopped).float()
     t1 = time.perf_counter()
-    old, ref_lp, old_values = _score(config, model, ref, critic, batch)
+    old, ref_lp, old_values = _score(config, model, ref, critic, batch, world)
     rewards, kl = token_rewards(scores, old, ref_lp, batch.mask, algo.kl_coef, algo.kl_estimator)
     adv, returns = ppo_advantages(rewards, old_values, batch.mask, algo.gamma, algo.lam, algo.whiten_advantages)
     engine_lp = old if engine.scores_by_forward else batch.engine_log_probs
