@@ -165,17 +165,18 @@ def opd_iteration(
     batch = completion_batch([c for g in sampled.groups for c in g], lm.pad_id).to(device)
     t1 = time.perf_counter()
     n = batch.mask.shape[0]
-    with torch.no_grad():  # data parallel: each rank scores its share of the rows (driver.score_rows)
-        old, t_lp = (
-            score_rows(
-                lambda p, net=net: sequence_log_probs(net, batch.select(p), rcfg.temperature),
-                n,
-                ocfg.micro_batch_size,
-                device,
-                world,
-            )
-            for net in (model, teacher)
+
+    def log_probs(net: Any) -> torch.Tensor:  # data parallel: each rank scores its share (driver.score_rows)
+        return score_rows(
+            lambda p: sequence_log_probs(net, batch.select(p), rcfg.temperature),
+            n,
+            ocfg.micro_batch_size,
+            device,
+            world,
         )
+
+    with torch.no_grad():
+        old, t_lp = log_probs(model), log_probs(teacher)
     scored = {"old": old, "adv": sampled_token_advantages(t_lp, old, batch.mask, algo.gamma)}
     parts = _loss_parts(config, model, teacher, batch, scored, len(lm.tokenizer), world)
 
