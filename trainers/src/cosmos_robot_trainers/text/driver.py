@@ -35,7 +35,6 @@ from cosmos_robot.distributed import (
 )
 from cosmos_robot.text.hf import CausalLM
 from cosmos_robot.text.moe import install_router_aux_loss
-from cosmos_robot.text.tasks import get_task
 from cosmos_robot_trainers.common import (
     MetricsLogger,
     NullMetricsLogger,
@@ -98,12 +97,6 @@ class TextRun:
             raise ConfigError(
                 f"rollout.prompts_per_iter={prompts} is not divisible by the {self.world.world_size} training "
                 "processes (each samples an equal share of the prompts)"
-            )
-        task = getattr(getattr(config, "data", None), "task", None)
-        if self.world.distributed and task and get_task(str(task)).render is not None:
-            raise ConfigError(
-                f"data.task {task!r} has image prompts: image-text {config.trainer} runs in one process "
-                "(the prompts' images are not sent between ranks yet)"
             )
         self.config, self.log = config, (log if self.world.is_main else _quiet)
         self.out = Path(config.output.dir)

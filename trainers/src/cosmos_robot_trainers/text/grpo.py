@@ -236,6 +236,19 @@ def gather_groups(
     return joined, torch.cat(all_gather_rows(rewards, world))
 
 
+def attach_images(groups: list[list[Completion]], inputs: list[tuple[list[int], Any]]) -> None:
+    """Give the joined groups' completions (sent as JSON, without pixels) their prompt's image inputs,
+    built on this rank from the same examples; a prompt whose ids differ from the group's is an error
+    (the ranks disagree on the iteration's prompts), never a silent mismatch of images and text."""
+    if len(groups) != len(inputs):
+        raise RuntimeError(f"joined {len(groups)} groups for {len(inputs)} prompts: the ranks disagree on the prompts")
+    for i, (group, (prompt, images)) in enumerate(zip(groups, inputs, strict=True)):
+        for completion in group:
+            if completion.prompt_ids != prompt:
+                raise RuntimeError(f"group {i}: its prompt ids differ from this rank's prompt {i}")
+            completion.images = images
+
+
 @dataclass
 class SampledGroups:
     """One iteration's rollout: prompts, ``group_size`` completions each, and their rewards (N,)."""
@@ -260,7 +273,11 @@ def sample_groups(config: Any, lm: Any, engine: Any, it: int, world: World | Non
         get_task(str(config.data.task)), "train", rcfg.prompts_per_iter, seed=config.data.seed * 100_003 + it
     )
     lo, hi = shard_range(len(examples), world, "rollout.prompts_per_iter")
-    inputs = [example_prompt(lm.tokenizer, lm.processor, ex) for ex in examples[lo:hi]]
+    # image prompts: every rank builds every prompt's image inputs, so the joined groups get their images
+    # back locally (``attach_images``) instead of pixels travelling between ranks
+    everyone = world.distributed and get_task(str(config.data.task)).render is not None
+    built = [example_prompt(lm.tokenizer, lm.processor, ex) for ex in (examples if everyone else examples[lo:hi])]
+    inputs = built[lo:hi] if everyone else built
     images = [im for _, im in inputs]
     params = SamplingParams(
         rcfg.max_new_tokens,
@@ -274,6 +291,8 @@ def sample_groups(config: Any, lm: Any, engine: Any, it: int, world: World | Non
     t_rollout = time.perf_counter() - t0
     rewards = score_groups(config, examples[lo:hi], groups)
     groups, rewards = gather_groups(groups, rewards, world)
+    if everyone:
+        attach_images(groups, built)
     metrics = {
         "reward_mean": float(rewards.mean()),
         "train_accuracy": float((rewards >= 1.0).float().mean()),

@@ -87,6 +87,21 @@ def shard_rows(batch: dict[str, torch.Tensor], world: World) -> tuple[dict[str, 
     return mine, world.world_size * int((mine["labels"][:, 1:] != -100).sum()) / max(total, 1)
 
 
+def shard_vl_rows(
+    model: Any, rows: list[list[tuple[list[int], list[int], Any]]], pad_id: int, world: World
+) -> tuple[dict[str, Any], float]:
+    """``shard_rows`` for image-text rows: this rank collates only its rows (the images' patches are
+    concatenated over a batch's images, so a collated batch cannot be cut by rows), weighted by its share
+    of the global batch's trained tokens, counted on the text alone. ``(whole batch, 1.0)`` in one process."""
+    if not world.distributed:
+        return collate_vl_rows(model, rows, pad_id), 1.0
+    lo, hi = shard_range(len(rows), world)
+    text = collate_rows([[(ids, mask) for ids, mask, _ in row] for row in rows], pad_id)
+    total = int((text["labels"][:, 1:] != -100).sum())
+    mine = collate_vl_rows(model, rows[lo:hi], pad_id)
+    return mine, world.world_size * int((mine["labels"][:, 1:] != -100).sum()) / max(total, 1)
+
+
 def run_text_sft(
     config: TextSFTConfig,
     *,
@@ -99,8 +114,6 @@ def run_text_sft(
     run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
     lm, tcfg, world = run.lm, config.train, run.world
     convs, images = load_conversations(config, lm.tokenizer, run.log, lm.processor)
-    if world.distributed and images is not None:
-        raise ConfigError("image-text SFT runs in one process: data parallelism is built for text-only conversations")
     rows = make_rows(config, convs)
     sampler = EpochBatchSampler(len(rows), min(tcfg.batch_size, len(rows)), tcfg.seed)
     if sampler.batch_size % world.world_size:
@@ -117,16 +130,15 @@ def run_text_sft(
 
     def step(_: int) -> dict[str, float]:
         members = [rows[r] for r in sampler.next_indices().tolist()]
-        if images is None:
-            batch = collate_rows(
-                [[(convs[i].input_ids, convs[i].assistant_mask) for i in m] for m in members], lm.pad_id
-            )
-        else:  # image-text rows: M-RoPE positions and the rows' images
+        weight = 1.0  # data parallel: this rank's rows of the global batch, weighted by its share of the tokens
+        if images is not None:  # image-text rows: M-RoPE positions and the rows' images
             rows_vl = [[(convs[i].input_ids, convs[i].assistant_mask, images[i]) for i in m] for m in members]
-            batch = collate_vl_rows(lm.model, rows_vl, lm.pad_id)
-        weight = 1.0
-        if world.distributed:  # this rank's rows of the global batch, weighted by its share of the trained tokens
-            batch, weight = shard_rows(batch, world)
+            batch, weight = shard_vl_rows(lm.model, rows_vl, lm.pad_id, world)
+        else:
+            ids = [[(convs[i].input_ids, convs[i].assistant_mask) for i in m] for m in members]
+            batch = collate_rows(ids, lm.pad_id)
+            if world.distributed:
+                batch, weight = shard_rows(batch, world)
         loss, count = sft_loss(lm.model, {k: v.to(tcfg.device) for k, v in batch.items()})
         aux: dict[str, Any] = {}
         total = with_router_aux_loss(lm.model, loss, aux)  # MoE models: the router balancing term
