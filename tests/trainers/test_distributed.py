@@ -324,6 +324,27 @@ def test_sharded_checkpoints_resume_at_another_world_size_and_export_consolidate
     assert all(torch.equal(joined[k], reference[k]) for k in joined)
 
 
+@pytest.mark.slow
+def test_text_sharded_checkpoints_resume_at_another_world_size(tmp_path: Path) -> None:
+    """Text SFT with ``train.checkpoint_format = "sharded"``: 2 FSDP processes write one shard file each (no
+    gathering), log the whole-checkpoint run's curve, and one process resumes from the shards."""
+    sets = ["eval.final=false", "train.fsdp=true"]
+    whole = _train("debug_text_sft", tmp_path / "whole", *sets, nproc=2)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    two = _train("debug_text_sft", tmp_path / "two", *sets, 'train.checkpoint_format="sharded"', nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    step3 = tmp_path / "two" / "checkpoints" / "step_000003"
+    assert (step3 / "sharded" / ".metadata").is_file() and not (step3 / "model.safetensors").exists()
+    assert len(list((step3 / "sharded").glob("*.distcp"))) == 2  # one file per rank
+    curve = _curve(tmp_path / "two")
+    _close(curve, _curve(tmp_path / "whole"))
+    assert (tmp_path / "two" / "final" / "config.json").is_file()  # final/ is still an HF folder
+    cut = killed_after(tmp_path / "two", tmp_path / "resumed", 3)
+    resumed = _train("debug_text_sft", cut, "eval.final=false")  # one process, whole checkpoints from here
+    assert resumed.returncode == 0 and "step_000003" in resumed.stderr, resumed.stderr[-3000:]
+    _close(_curve(cut), curve)
+
+
 def test_fsdp_is_refused_for_a_family_that_wraps_its_base_modules(tmp_path: Path) -> None:
     """GR00T's SFT model is the base checkpoint's own action head: FSDP could not rebuild it whole for export."""
     done = _train("debug_sft_groot", tmp_path / "x", f'data.root="{tmp_path / "demos"}"', "train.fsdp=true", nproc=2)

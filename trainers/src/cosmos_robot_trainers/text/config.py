@@ -84,6 +84,9 @@ class TextTrainConfig(StrictModel):
     max_wall_minutes: float | None = Field(default=None, gt=0)
     progress: bool = True
     fsdp: bool = False  # data-parallel text SFT: shard parameters, gradients and AdamW state (FSDP2; float32)
+    # "sharded": every rank writes its own shards of model and AdamW state (torch.distributed.checkpoint)
+    # instead of gathering them on rank 0; resumable at any world size, sharded or not; final/ stays an HF folder
+    checkpoint_format: Literal["whole", "sharded"] = "whole"
 
     @model_validator(mode="after")
     def _cadence(self) -> TextTrainConfig:
@@ -140,6 +143,7 @@ RUNTIME_FIELDS = frozenset(
         "train.max_wall_minutes",
         "train.progress",
         "train.fsdp",
+        "train.checkpoint_format",
         "output",
         "eval",
     }

@@ -51,6 +51,7 @@ from cosmos_robot_trainers.text.state import (
     finish_run,
     load_lm,
     restore_text_state,
+    save_sharded_text_state,
     save_text_state,
 )
 
@@ -160,6 +161,21 @@ class TextRun:
             load_extra(saved)
         self.log(f"resuming from {self.ckpt_path} (step {self.start})")
 
+    def _checkpoint(self, step: int, extra: dict[str, Any], last: dict[str, float]) -> None:
+        """Everything that decides the next step: rank 0's whole checkpoint (with FSDP gathered from the
+        shards first, a collective), or with ``train.checkpoint_format = "sharded"`` every rank's shards."""
+        tcfg, model, info = self.config.train, self.lm.model, {"loss": last.get("loss")}
+        if tcfg.checkpoint_format == "sharded":
+            save_sharded_text_state(
+                self.out, step, model, self.optimizer, self.scheduler, extra, tcfg.keep_checkpoints, self.world, info
+            )
+            return
+        gathered = fsdp.full_state(model, self.optimizer) if self.sharded else None
+        if self.world.is_main:
+            save_text_state(
+                self.out, step, model, self.optimizer, self.scheduler, extra, tcfg.keep_checkpoints, info, gathered
+            )
+
     def loop(
         self,
         step_fn: StepFn,
@@ -212,25 +228,9 @@ class TextRun:
                         sums, counts, n_window, t_window = {}, {}, 0, now
                         logger.log(step, last)
                         bar.update(step, {k: last[k] for k in show if k in last})
-                    gathered = None
-                    if (step % tcfg.ckpt_every == 0 or step == tcfg.steps) and self.sharded:
-                        gathered = fsdp.full_state(self.lm.model, self.optimizer)
-                    if (step % tcfg.ckpt_every == 0 or step == tcfg.steps) and main:
-                        extra = {
-                            **(save_extra() if save_extra else {}),
-                            "train_wall_s": self.prior_wall + time.perf_counter() - t0,
-                        }
-                        save_text_state(
-                            self.out,
-                            step,
-                            self.lm.model,
-                            self.optimizer,
-                            self.scheduler,
-                            extra,
-                            tcfg.keep_checkpoints,
-                            info={"loss": last.get("loss")},
-                            whole=gathered,
-                        )
+                    if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+                        wall = self.prior_wall + time.perf_counter() - t0
+                        self._checkpoint(step, {**(save_extra() if save_extra else {}), "train_wall_s": wall}, last)
                     if tcfg.max_wall_minutes and any_rank(
                         self.prior_wall + time.perf_counter() - t0 > 60 * tcfg.max_wall_minutes, self.world
                     ):

@@ -17,11 +17,26 @@ import torch
 from cosmos_robot.text.hf import CausalLM, load_causal_lm, save_causal_lm
 from cosmos_robot.text.tasks import task_examples
 from cosmos_robot.text.tiny import tiny_from_table
-from cosmos_robot_trainers.common import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from cosmos_robot_trainers.common import (
+    capture_rng_state,
+    load_checkpoint,
+    load_sharded_into,
+    restore_rng_state,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 from cosmos_robot_trainers.common.rundir import CHECKPOINTS
 from cosmos_robot_trainers.text.config import TINY_INIT, TINY_PREFIX, eval_task
 
-__all__ = ["evaluate_config", "export_lm", "finish_run", "load_lm", "restore_text_state", "save_text_state"]
+__all__ = [
+    "evaluate_config",
+    "export_lm",
+    "finish_run",
+    "load_lm",
+    "restore_text_state",
+    "save_sharded_text_state",
+    "save_text_state",
+]
 
 
 def save_text_state(
@@ -35,24 +50,48 @@ def save_text_state(
     info: dict[str, Any] | None = None,
     whole: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> Path:
-    """``whole``: the (model, optimizer) state gathered from FSDP shards, saved instead of the objects'."""
+    """Rank 0's whole checkpoint. ``whole``: the (model, optimizer) state gathered from FSDP shards, saved
+    instead of the objects'."""
     weights, optimizer_state = whole if whole is not None else (model.state_dict(), optimizer.state_dict())
-    state = {
-        "optimizer": optimizer_state,
-        "scheduler": scheduler.state_dict(),
-        "rng": capture_rng_state(),
-        **extra,
-    }
+    state = {"optimizer": optimizer_state, **_trainer_state(scheduler, extra)}
     return save_checkpoint(out / CHECKPOINTS, step, weights, state, info=info, keep_last=keep)
+
+
+def save_sharded_text_state(
+    out: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    extra: dict[str, Any],
+    keep: int,
+    world: Any,
+    info: dict[str, Any] | None = None,
+) -> Path:
+    """``train.checkpoint_format = "sharded"``: every rank writes its shards of model and AdamW state, rank 0
+    the trainer state beside them (a collective: every rank calls it)."""
+    from cosmos_robot.distributed import barrier
+
+    state = _trainer_state(scheduler, extra)
+    return save_sharded_checkpoint(
+        out / CHECKPOINTS, step, model, optimizer, state, info, keep, world.is_main, lambda: barrier(world)
+    )
+
+
+def _trainer_state(scheduler: Any, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"scheduler": scheduler.state_dict(), "rng": capture_rng_state(), **extra}
 
 
 def restore_text_state(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, sharded: bool = False
 ) -> tuple[int, dict[str, Any]]:
     """Load ``path`` into the objects (``sharded``: into FSDP shards); ``(step, the whole saved state)`` for
-    the trainer's own fields."""
+    the trainer's own fields. A sharded checkpoint (``train.checkpoint_format``) is read by every rank,
+    whatever the world size and sharding that wrote it."""
     ck = load_checkpoint(path)
-    if sharded:
+    if ck.sharded is not None:
+        load_sharded_into(ck.sharded, model, optimizer)
+    elif sharded:
         from cosmos_robot_trainers.common import fsdp
 
         fsdp.load_full_state(model, optimizer, ck.model, ck.state["optimizer"])
