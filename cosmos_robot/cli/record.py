@@ -33,6 +33,9 @@ def command(
     videos: bool = RECORD.option("use_videos", "--videos/--no-videos"),
     cameras: bool = RECORD.option("cameras", "--cameras/--no-cameras"),
     expert_noise: float = RECORD.option("expert_noise"),
+    noise_tasks: Optional[str] = typer.Option(
+        None, help="Comma-separated tasks whose episodes --expert-noise perturbs (default: every task)."
+    ),
     max_steps: Optional[int] = RECORD.option("max_steps"),
     repo_id: str = RECORD.option("repo_id"),
     image_writer_threads: int = RECORD.option("image_writer_threads"),
@@ -68,6 +71,7 @@ def command(
             use_videos=videos,
             cameras=cameras,
             expert_noise=expert_noise,
+            noise_tasks=split_tasks(noise_tasks),
             max_steps=max_steps,
             repo_id=repo_id,
             image_writer_threads=image_writer_threads,

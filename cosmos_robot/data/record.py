@@ -69,6 +69,7 @@ class RecordConfig:
     suite: str = "tabletop"  # env suite with scripted experts (schema.DEMO_LAYOUTS): tabletop, driving
     cameras: bool = True  # record the suite's cameras (False: vectors only, nothing rendered)
     expert_noise: float = 0.0  # DART-style: perturb the executed actions by this scale, store clean labels
+    noise_tasks: tuple[str, ...] = ()  # the tasks whose episodes expert_noise perturbs (empty: every task)
     num_envs: int = 4  # envs stepped in lockstep
     image_size: int = 128  # camera images are image_size x image_size pixels
     seed: int = 0  # base seed; episode seeds derive from it (SEED_RULE)
@@ -81,6 +82,7 @@ class RecordConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "noise_tasks", tuple(self.noise_tasks))
         check_rollout_fields(self, ("episodes_per_task", "num_envs", "image_size"))
         if self.image_writer_threads < 0:
             raise ValueError(f"image_writer_threads: expected >= 0, got {self.image_writer_threads}")
@@ -266,6 +268,9 @@ def record_demonstrations(
         )
     suite = get_suite(config.suite)
     config = RecordConfig(**{**asdict(config), "tasks": suite.resolve_tasks(config.tasks)})
+    stray = [t for t in config.noise_tasks if t not in config.tasks]
+    if stray:
+        raise ValueError(f"noise_tasks: {stray} are not among the recorded tasks {list(config.tasks)}")
     previous = prepare_out_dir(out, overwrite, config)
     if previous is not None and previous.get("status") == "complete":
         return previous
@@ -342,7 +347,7 @@ def _roll_out(config: RecordConfig, layout: DemoLayout, todo: Sequence[EpisodeSp
     )
     try:
         with BackgroundWriter(sink.write, max_pending=2 * venv.num_envs) as writer:
-            for ep in run_rollouts(venv, todo, _cameras(config), layout, config.expert_noise):
+            for ep in run_rollouts(venv, todo, _cameras(config), layout, config.expert_noise, config.noise_tasks):
                 writer.put(ep)
     finally:
         venv.close()

@@ -83,8 +83,11 @@ class Episode:
 class _ExpertHooks(EpisodeHooks[EpisodeSpec]):
     """The scripted expert decides one action per step; every (observation, action) pair is a frame."""
 
-    def __init__(self, layout: DemoLayout, cameras: Sequence[str], expert_noise: float = 0.0) -> None:
+    def __init__(
+        self, layout: DemoLayout, cameras: Sequence[str], expert_noise: float = 0.0, noise_tasks: Sequence[str] = ()
+    ) -> None:
         self.layout, self.cameras, self.expert_noise = layout, list(cameras), float(expert_noise)
+        self.noise_tasks = set(noise_tasks)  # empty: every task
         self.running: dict[int, tuple[Episode, DemoExpert]] = {}  # by schedule position
         self.perturb: dict[int, tuple[Perturb, np.random.Generator]] = {}  # by schedule position (expert_noise > 0)
         self.done: dict[int, Episode] = {}  # finished, by schedule position, until handed out
@@ -93,7 +96,8 @@ class _ExpertHooks(EpisodeHooks[EpisodeSpec]):
         expert = self.layout.expert(ep.spec.task)
         expert.reset()
         self.running[ep.position] = (Episode(ep.spec, prompt=_prompt(obs, ep.spec)), expert)
-        if self.expert_noise > 0 and self.layout.perturb_factory is not None:
+        noisy = not self.noise_tasks or ep.spec.task in self.noise_tasks
+        if self.expert_noise > 0 and noisy and self.layout.perturb_factory is not None:
             # the episode's own stream: the same seed perturbs the same way whatever env runs it
             self.perturb[ep.position] = (self.layout.perturb_factory(), np.random.default_rng(ep.spec.seed))
 
@@ -130,14 +134,16 @@ def run_rollouts(
     cameras: Sequence[str],
     layout: DemoLayout = TABLETOP,
     expert_noise: float = 0.0,
+    noise_tasks: Sequence[str] = (),
 ) -> Iterator[Episode]:
     """Roll the scripted expert out for every ``schedule`` entry; yield episodes in schedule order.
 
     ``venv`` must hold the layout's multi-task envs, observing what its expert reads (tabletop:
     ``object_state``) and ``cameras``. ``expert_noise`` > 0 executes perturbed actions (the layout's
-    ``perturb_factory``) while recording the expert's clean ones.
+    ``perturb_factory``) while recording the expert's clean ones, in the episodes of ``noise_tasks``
+    (empty: every task).
     """
-    hooks = _ExpertHooks(layout, cameras, expert_noise)
+    hooks = _ExpertHooks(layout, cameras, expert_noise, noise_tasks)
     next_out = 0
     for _ in EpisodeScheduler[EpisodeSpec](venv, replan_steps=1).episodes(schedule, hooks):
         while next_out in hooks.done:

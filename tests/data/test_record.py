@@ -185,3 +185,27 @@ def test_expert_noise_perturbs_the_hand_and_keeps_clean_expert_labels(tmp_path: 
     again = record(0.75, "again")  # the perturbation is drawn from each episode's seed: reproducible
     assert again["counts"]["frames"] == noisy["counts"]["frames"]
     assert np.array_equal(_column(tmp_path / "again", STATE), state)
+
+
+def test_noise_tasks_limit_the_perturbation_to_the_tasks_named(tmp_path: Path) -> None:
+    """``noise_tasks``: only those tasks' episodes run perturbed (push is recorded clean beside a noisy
+    pick_place, as ``sft_flow_tabletop`` does); a task that is not recorded is refused by name."""
+
+    def record(noise: float, name: str, noise_tasks: tuple[str, ...] = ()) -> Path:
+        config = RecordConfig(
+            tasks=("push", "pick_place"), episodes_per_task=1, num_envs=2, cameras=False, vector_mode="sync",
+            expert_noise=noise, noise_tasks=noise_tasks, only_success=False,
+        )  # fmt: skip
+        record_demonstrations(config, tmp_path / name)
+        return tmp_path / name
+
+    def by_task(root: Path) -> dict[int, np.ndarray]:
+        episodes = _column(root, "episode_index")
+        return {int(e): _column(root, STATE)[episodes == e] for e in np.unique(episodes)}
+
+    clean, some = by_task(record(0.0, "clean")), by_task(record(0.75, "some", ("pick_place",)))
+    assert np.array_equal(some[0], clean[0])  # episode 0 (push): not perturbed
+    n = min(len(some[1]), len(clean[1]))
+    assert not np.array_equal(some[1][:n], clean[1][:n])  # episode 1 (pick_place): perturbed
+    with pytest.raises(ValueError, match=r"noise_tasks: \['reach'\] are not among the recorded tasks"):
+        record(0.75, "stray", ("reach",))

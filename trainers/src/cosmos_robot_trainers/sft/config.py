@@ -55,6 +55,7 @@ class DataConfig(StrictModel):
     record_num_envs: int = Field(default=2, ge=1)  # envs recording in parallel (speed only)
     record_cameras: bool = True  # record the suite's cameras (False: vectors only, for camera-free policies)
     record_expert_noise: float = Field(default=0.0, ge=0)  # DART-style perturbation of the executed actions
+    record_noise_tasks: list[str] = Field(default_factory=list)  # tasks record_expert_noise perturbs (empty: all)
     record_max_steps: int | None = Field(default=None, ge=1)  # cap on each recorded episode's steps (None: the task's)
     max_episodes_per_task: int | None = Field(default=None, ge=1)  # train on only the first N episodes of each task
     task_weighting: Literal["frames", "balanced"] = "frames"  # sample frames uniformly, or each task equally often

@@ -57,6 +57,7 @@ def ensure_dataset(cfg: DataConfig, log: Callable[[str], None] = print) -> dict[
         suite=cfg.suite,
         cameras=cfg.record_cameras,
         expert_noise=cfg.record_expert_noise,
+        noise_tasks=tuple(cfg.record_noise_tasks),
         max_steps=cfg.record_max_steps,
         repo_id=f"local/cosmos_robot_{cfg.suite}",
         tasks=tuple(cfg.tasks),
