@@ -213,6 +213,15 @@ def run_batch(
     results: dict,
 ) -> None:
     dev = args.device
+    t_batch = time.perf_counter()
+
+    def stage(key: str) -> None:
+        """Progress on stderr after each measured stage: a run cut by its time slot still says how far it got
+        (the batch-8 rows ran past a 7-minute slot twice with nothing printed)."""
+        got = row.get(key)
+        summary = {k: got[k] for k in ("p50_ms", "p99_ms") if k in got} if isinstance(got, dict) else got
+        print(f"[{time.perf_counter() - t_batch:6.1f} s] batch {b}: {key} {summary}", file=sys.stderr, flush=True)
+
     obs = parity.observations(b, seed=b)
     gen = torch.Generator().manual_seed(b)
     noise = torch.randn((b, cfg.chunk_size, cfg.max_action_dim), generator=gen).to(dev)
@@ -222,6 +231,7 @@ def run_batch(
         if not args.skip_lerobot:
             processed = ref_batch(obs, ref, eager)
             row["lerobot"] = measure(lambda: ref.predict_action_chunk(processed, noise=noise), args.iters, dev)
+            stage("lerobot")
             lr_actions = ref.predict_action_chunk(processed, noise=noise).float()
         row["ours_eager"] = measure(
             lambda: native.generate(
@@ -230,6 +240,7 @@ def run_batch(
             args.iters,
             dev,
         )
+        stage("ours_eager")
         ours = native.generate(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise, args.steps)
         tc = time.perf_counter()
         if graphed.graphed is not None:
@@ -240,13 +251,16 @@ def run_batch(
                 dev,
             )
             row["first_call_s"] = round(time.perf_counter() - tc, 1)  # capture (+ compile) on the first call
+            stage("ours_graph")
             graph_out = g(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, noise).float()
             row["graph_vs_eager_max_abs"] = float((graph_out - ours.float()).abs().max())
         row["ours_infer"] = measure(lambda: graphed.infer_batch(obs), args.iters, dev)
+        stage("ours_infer")
         # the same with the warm heap frozen, as the server runs it (gc_watch.py): the full
         # collections that the loaded model's ~500k objects make slow are the suspected tail
         freeze_heap()
         row["ours_infer_frozen"] = measure(lambda: graphed.infer_batch(obs), args.iters, dev)
+        stage("ours_infer_frozen")
         gc.unfreeze()
         if not args.skip_lerobot:
             d = eager.action_dim
@@ -257,6 +271,7 @@ def run_batch(
     if args.profile:
         row["profile"] = profile(native, inputs, noise, args.steps, dev)
     row["server"] = server_latency(graphed, b, max(5, args.iters // max(1, b // 2)), obs)
+    stage("server")
     results[f"batch_{b}"] = row
     print(json.dumps({f"batch_{b}": row}), flush=True)
 
