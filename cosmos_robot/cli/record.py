@@ -33,8 +33,11 @@ def command(
     videos: bool = RECORD.option("use_videos", "--videos/--no-videos"),
     cameras: bool = RECORD.option("cameras", "--cameras/--no-cameras"),
     expert_noise: float = RECORD.option("expert_noise"),
-    noise_tasks: Optional[str] = typer.Option(
-        None, help="Comma-separated tasks whose episodes --expert-noise perturbs (default: every task)."
+    noise_tasks: Optional[str] = RECORD.option(
+        "noise_tasks",
+        help="Comma-separated tasks whose episodes --expert-noise perturbs (default: every task).",
+        from_config=lambda names: ",".join(names) or None,
+        to_config=split_tasks,
     ),
     max_steps: Optional[int] = RECORD.option("max_steps"),
     repo_id: str = RECORD.option("repo_id"),

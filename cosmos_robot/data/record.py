@@ -155,8 +155,8 @@ def prepare_out_dir(out: Path, overwrite: bool, config: RecordConfig | None = No
 def _config_diffs(saved: dict[str, Any], config: RecordConfig) -> list[str]:
     """``name: saved X, now Y`` for each field but ``RUNTIME_FIELDS`` that differs (a field the saved
     config predates counts as its default: recordings made before it existed recorded that)."""
-    now = {**asdict(config), "tasks": list(config.tasks)}
-    default = asdict(RecordConfig())
+    now = {**asdict(config), "tasks": list(config.tasks), "noise_tasks": list(config.noise_tasks)}
+    default = {**asdict(RecordConfig()), "noise_tasks": []}
     return [
         f"{name}: saved {saved.get(name, default[name])!r}, now {now[name]!r}"
         for name in now
