@@ -51,7 +51,6 @@ from cosmos_robot_trainers.text.state import (
     finish_run,
     load_lm,
     restore_text_state,
-    save_sharded_text_state,
     save_text_state,
 )
 
@@ -166,9 +165,10 @@ class TextRun:
         shards first, a collective), or with ``train.checkpoint_format = "sharded"`` every rank's shards."""
         tcfg, model, info = self.config.train, self.lm.model, {"loss": last.get("loss")}
         if tcfg.checkpoint_format == "sharded":
-            save_sharded_text_state(
-                self.out, step, model, self.optimizer, self.scheduler, extra, tcfg.keep_checkpoints, self.world, info
-            )
+            save_text_state(
+                self.out, step, model, self.optimizer, self.scheduler, extra, tcfg.keep_checkpoints, info,
+                sharded_world=self.world,
+            )  # fmt: skip
             return
         gathered = fsdp.full_state(model, self.optimizer) if self.sharded else None
         if self.world.is_main:

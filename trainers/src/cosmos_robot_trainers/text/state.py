@@ -34,7 +34,6 @@ __all__ = [
     "finish_run",
     "load_lm",
     "restore_text_state",
-    "save_sharded_text_state",
     "save_text_state",
 ]
 
@@ -49,37 +48,23 @@ def save_text_state(
     keep: int,
     info: dict[str, Any] | None = None,
     whole: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    sharded_world: Any = None,
 ) -> Path:
     """Rank 0's whole checkpoint. ``whole``: the (model, optimizer) state gathered from FSDP shards, saved
-    instead of the objects'."""
+    instead of the objects'. ``sharded_world`` (``train.checkpoint_format = "sharded"``): every rank of
+    that world writes its shards of model and AdamW state and rank 0 the trainer state beside them (a
+    collective: every rank calls it)."""
+    state = {"scheduler": scheduler.state_dict(), "rng": capture_rng_state(), **extra}
+    if sharded_world is not None:
+        from cosmos_robot.distributed import barrier
+
+        world = sharded_world
+        return save_sharded_checkpoint(
+            out / CHECKPOINTS, step, model, optimizer, state, info, keep, world.is_main, lambda: barrier(world)
+        )
     weights, optimizer_state = whole if whole is not None else (model.state_dict(), optimizer.state_dict())
-    state = {"optimizer": optimizer_state, **_trainer_state(scheduler, extra)}
+    state = {"optimizer": optimizer_state, **state}
     return save_checkpoint(out / CHECKPOINTS, step, weights, state, info=info, keep_last=keep)
-
-
-def save_sharded_text_state(
-    out: Path,
-    step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    extra: dict[str, Any],
-    keep: int,
-    world: Any,
-    info: dict[str, Any] | None = None,
-) -> Path:
-    """``train.checkpoint_format = "sharded"``: every rank writes its shards of model and AdamW state, rank 0
-    the trainer state beside them (a collective: every rank calls it)."""
-    from cosmos_robot.distributed import barrier
-
-    state = _trainer_state(scheduler, extra)
-    return save_sharded_checkpoint(
-        out / CHECKPOINTS, step, model, optimizer, state, info, keep, world.is_main, lambda: barrier(world)
-    )
-
-
-def _trainer_state(scheduler: Any, extra: dict[str, Any]) -> dict[str, Any]:
-    return {"scheduler": scheduler.state_dict(), "rng": capture_rng_state(), **extra}
 
 
 def restore_text_state(
