@@ -208,7 +208,7 @@ def main() -> None:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         model.eval()
         record = {
             "iteration": it,

@@ -88,6 +88,8 @@ class RecordConfig:
             raise ValueError(f"image_writer_threads: expected >= 0, got {self.image_writer_threads}")
         if self.expert_noise < 0:
             raise ValueError(f"expert_noise: expected >= 0, got {self.expert_noise}")
+        if self.noise_tasks and self.expert_noise == 0:
+            raise ValueError(f"noise_tasks: {list(self.noise_tasks)} given but expert_noise is 0 (nothing to perturb)")
         if "/" not in self.repo_id:
             raise ValueError(f"repo_id: expected 'owner/name' (LeRobot's form), got {self.repo_id!r}")
 

@@ -209,3 +209,5 @@ def test_noise_tasks_limit_the_perturbation_to_the_tasks_named(tmp_path: Path) -
     assert not np.array_equal(some[1][:n], clean[1][:n])  # episode 1 (pick_place): perturbed
     with pytest.raises(ValueError, match=r"noise_tasks: \['reach'\] are not among the recorded tasks"):
         record(0.75, "stray", ("reach",))
+    with pytest.raises(ValueError, match=r"noise_tasks: \['push'\] given but expert_noise is 0"):
+        RecordConfig(noise_tasks=("push",))

@@ -180,6 +180,24 @@ def test_scoring_passes_are_split_over_ranks_in_the_single_process_micro_batches
         assert torch.equal(torch.tensor(tiny, dtype=torch.float64), expected[:1])
 
 
+def test_joined_image_prompt_groups_get_their_own_images_back_or_a_clear_error() -> None:
+    """grpo.attach_images: each joined group takes the images of the prompt with the same index; a rank whose
+    prompts differ (ids or count) is an error naming it, never images paired with another prompt's text."""
+    from cosmos_robot.text.engines import Completion
+    from cosmos_robot_trainers.text.grpo import attach_images
+
+    def group(prompt: list[int]) -> list[Completion]:
+        return [Completion(prompt, [7], [], True, "7") for _ in range(2)]
+
+    groups = [group([1, 2]), group([3])]
+    attach_images(groups, [([1, 2], "images-0"), ([3], "images-1")])
+    assert [[c.images for c in g] for g in groups] == [["images-0"] * 2, ["images-1"] * 2]
+    with pytest.raises(RuntimeError, match="group 1: its prompt ids differ"):
+        attach_images(groups, [([1, 2], "a"), ([4], "b")])
+    with pytest.raises(RuntimeError, match="joined 2 groups for 1 prompts"):
+        attach_images(groups, [([1, 2], "a")])
+
+
 def test_episode_groups_are_dealt_to_ranks_as_to_ray_workers() -> None:
     specs = [EpisodeSpec(i, "reach", 100 + i // 2, i // 2) for i in range(8)]  # 4 groups of 2
     parts = deal_specs(specs, 2)
