@@ -34,7 +34,13 @@ def command(
     tasks: Optional[str] = tasks_option(EVAL),
     episodes_per_task: int = EVAL.option("episodes_per_task"),
     num_envs: int = EVAL.option("num_envs"),
-    replan_steps: int = EVAL.option("replan_steps"),
+    replan_steps: Optional[int] = EVAL.option(
+        "replan_steps",
+        help="Actions executed open-loop from each chunk before asking again (default: what the policy "
+        f"announces as metadata 'replan_steps', else {EVAL.default('replan_steps')}).",
+        from_config=lambda _: None,
+        to_config=lambda v: EVAL.default("replan_steps") if v is None else v,
+    ),
     seed: int = EVAL.option("seed"),
     video_episodes: int = EVAL.option("video_episodes"),
     video_failures: bool = EVAL.option("video_failures", "--video-failures/--no-video-failures"),
@@ -83,6 +89,8 @@ def command(
             raise fail("--allow-download applies to --ckpt folders (files they name on the hub)", 2)
         policy_kwargs = {**policy_kwargs, "allow_download": True}
     pol = _load(source, remote, ckpt, device, policy_kwargs, api_key, connect_timeout_s, wait_s, request_timeout_s)
+    if replan_steps is None:
+        config = _announced_replan(config, pol)
     kind = "websocket" if remote else "checkpoint" if ckpt is not None else "in_process"
     results = _run(config, pol, out, kind, overwrite, remote)
     _print_results(results, suite, out)
@@ -145,6 +153,21 @@ def _eval_config(options: dict[str, Any], source: str, policy_arg: list[str]) ->
     except ValueError as exc:
         raise fail(str(exc), 2) from exc
     return remote, policy_kwargs, config
+
+
+def _announced_replan(config: Any, pol: Any) -> Any:
+    """``config`` executing the policy's announced ``replan_steps`` (metadata) when it names a valid one."""
+    import dataclasses
+
+    announced = (pol.metadata or {}).get("replan_steps")
+    if announced is None:
+        return config
+    if isinstance(announced, bool) or not isinstance(announced, int) or announced < 1:
+        raise fail(f"the policy announces replan_steps={announced!r}, not an int >= 1: pass --replan-steps N", 2)
+    from rich.console import Console
+
+    Console(stderr=True).print(f"replanning every {announced} steps (the policy's metadata 'replan_steps')")
+    return dataclasses.replace(config, replan_steps=announced)
 
 
 def _load(

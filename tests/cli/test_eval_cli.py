@@ -93,3 +93,31 @@ def test_driving_suite_from_the_cli_prints_its_episode_metrics(tmp_path: Path) -
     assert totals["episodes"] == 2 and set(totals["metrics"]) == {"progress", "collision", "offroad", "mean_dist_to_gt"}
     bad = runner.invoke(app, [*args[:9], "--replan-steps", "5", *args[13:]])
     assert bad.exit_code != 0 and "replan" in bad.output.lower()
+
+
+def test_eval_replans_at_the_horizon_the_checkpoint_announces(tmp_path: Path) -> None:
+    """A flow checkpoint's ``replan_steps`` reaches clients as metadata; ``eval`` without --replan-steps uses
+    it, an explicit --replan-steps wins, and a horizon longer than the chunk is refused at load."""
+    import pytest
+
+    from cosmos_robot.policies.flow import FlowPolicy
+    from tests.policies._flow_helpers import scrambled_model, tiny_config, tiny_stats
+
+    config = tiny_config(chunk_size=6, replan_steps=2)
+    ckpt = tmp_path / "flow"
+    policy = FlowPolicy(scrambled_model(config), tiny_stats(config))
+    assert policy.metadata["replan_steps"] == 2
+    policy.save_pretrained(ckpt)
+    args = ["eval", "--ckpt", str(ckpt), "--tasks", "reach", "--episodes-per-task", "1", "--num-envs", "1",
+            "--image-size", "32", "--max-steps", "4", "--vector-mode", "sync", "--video-episodes", "0"]  # fmt: skip
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "announced")])
+    assert result.exit_code == 0, result.output
+    assert "replanning every 2 steps" in result.output
+    saved = json.loads((tmp_path / "announced" / "results.json").read_text())
+    assert saved["config"]["replan_steps"] == 2
+    result = runner.invoke(app, [*args, "--replan-steps", "4", "--out", str(tmp_path / "given")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "given" / "results.json").read_text())["config"]["replan_steps"] == 4
+    assert "replan_steps" not in FlowPolicy(scrambled_model(tiny_config()), tiny_stats(tiny_config())).metadata
+    with pytest.raises(ValueError, match="replan_steps=7: a client cannot execute more actions than a chunk holds"):
+        tiny_config(chunk_size=6, replan_steps=7)

@@ -39,6 +39,10 @@ class FlowConfig(StrictModel):
     action_dim: int = Field(default=7, ge=1)  # action length per step (tabletop: dpos 3, drot 3, gripper 1)
     chunk_size: int = Field(default=10, ge=1)  # H: action rows the model predicts per call (steps; was `horizon`)
     num_flow_steps: int = Field(default=10, ge=1)  # K: Euler steps of the denoising ODE (serving) and of SDE rollouts
+    # actions a client should execute from each chunk before asking again, the horizon the checkpoint was
+    # validated at; announced as server metadata "replan_steps", and `cosmos-robot eval` uses it when
+    # --replan-steps is not given. None: announce nothing (eval's default, 5)
+    replan_steps: int | None = Field(default=None, ge=1)
     # action dims executed as their sign, -1 / +1 (a gripper; tabletop: [6]): the BinarizeActions output
     # transform, so serving, eval and RL rollouts all execute the snapped command
     binarize_action_dims: tuple[int, ...] = ()
@@ -118,6 +122,15 @@ class FlowConfig(StrictModel):
             raise ValueError(
                 f"binarize_action_dims: expected distinct indices in [0, {self.action_dim}) (action_dim), "
                 f"got {list(dims)}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _replan_fits(self) -> FlowConfig:
+        if self.replan_steps is not None and self.replan_steps > self.chunk_size:
+            raise ValueError(
+                f"replan_steps={self.replan_steps}: a client cannot execute more actions than a chunk holds "
+                f"(chunk_size={self.chunk_size})"
             )
         return self
 

@@ -154,9 +154,11 @@ class FlowPolicy(ShapeCounted, BatchPolicy):
     @property
     def metadata(self) -> dict[str, Any]:
         cfg = self.config
+        replan = {} if cfg.replan_steps is None else {"replan_steps": cfg.replan_steps}
         return {
             "type": "flow",
             "action_horizon": cfg.chunk_size,
+            **replan,
             "action_dim": cfg.action_dim,
             "state_dim": cfg.state_dim,
             "image_size": cfg.image_size,
