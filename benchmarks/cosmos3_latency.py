@@ -57,7 +57,7 @@ def build_nano_pipeline(device: str, dtype: torch.dtype):
     head, the Wan2.2-TI2V-5B VAE (48 channels, 16x spatial / 4x temporal), UniPC on flow sigmas."""
     from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, Cosmos3OmniTransformer, UniPCMultistepScheduler
 
-    from cosmos_robot.policies.cosmos3.tiny import _tokenizer
+    from cosmos_robot.policies.cosmos3.tiny import chat_tokenizer
 
     torch.manual_seed(0)
     with torch.device(device):
@@ -72,7 +72,7 @@ def build_nano_pipeline(device: str, dtype: torch.dtype):
         use_flow_sigmas=True, use_karras_sigmas=False, flow_shift=5.0, prediction_type="flow_prediction"
     )
     return Cosmos3OmniPipeline(
-        transformer=transformer, text_tokenizer=_tokenizer(), vae=vae, scheduler=scheduler,
+        transformer=transformer, text_tokenizer=chat_tokenizer(), vae=vae, scheduler=scheduler,
         enable_safety_checker=False, default_use_system_prompt=False, use_native_flow_schedule=True,
     )  # fmt: skip
 

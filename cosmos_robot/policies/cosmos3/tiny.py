@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["build_tiny_cosmos3", "build_tiny_pipeline"]
+__all__ = ["build_tiny_cosmos3", "build_tiny_pipeline", "chat_tokenizer"]
 
 _CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -28,7 +28,7 @@ _CHAT_TEMPLATE = (
 )
 
 
-def _tokenizer() -> Any:
+def chat_tokenizer() -> Any:
     from tokenizers import Tokenizer, decoders, models
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers import PreTrainedTokenizerFast
@@ -66,7 +66,7 @@ def build_tiny_pipeline(seed: int = 0) -> Any:
     )
     return Cosmos3OmniPipeline(
         transformer=transformer,
-        text_tokenizer=_tokenizer(),
+        text_tokenizer=chat_tokenizer(),
         vae=vae,
         scheduler=scheduler,
         enable_safety_checker=False,

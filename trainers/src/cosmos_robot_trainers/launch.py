@@ -29,6 +29,18 @@ TRAINERS: dict[str, tuple[str, str]] = {
     "text_grpo": ("cosmos_robot_trainers.text.config:TextGRPOConfig", "cosmos_robot_trainers.text.grpo:run_text_grpo"),
     "text_opd": ("cosmos_robot_trainers.text.config:TextOPDConfig", "cosmos_robot_trainers.text.opd:run_text_opd"),
     "text_ppo": ("cosmos_robot_trainers.text.config:TextPPOConfig", "cosmos_robot_trainers.text.ppo:run_text_ppo"),
+    "generator_sft": (
+        "cosmos_robot_trainers.generator.config:GenSFTConfig",
+        "cosmos_robot_trainers.generator.sft:run_generator_sft",
+    ),
+    "generator_dpo": (
+        "cosmos_robot_trainers.generator.config:GenDPOConfig",
+        "cosmos_robot_trainers.generator.dpo:run_generator_dpo",
+    ),
+    "generator_nft": (
+        "cosmos_robot_trainers.generator.config:GenNFTConfig",
+        "cosmos_robot_trainers.generator.nft:run_generator_nft",
+    ),
     **{
         name: ("cosmos_robot_trainers.rl.config:RLConfig", "cosmos_robot_trainers.rl.trainer:run_rl")
         for name in ALGORITHMS

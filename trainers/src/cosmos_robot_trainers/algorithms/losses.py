@@ -297,6 +297,24 @@ def nft_loss(
     return loss, metrics
 
 
+def flow_dpo_logits(
+    v_theta_w: torch.Tensor,
+    v_ref_w: torch.Tensor,
+    target_w: torch.Tensor,
+    v_theta_l: torch.Tensor,
+    v_ref_l: torch.Tensor,
+    target_l: torch.Tensor,
+    beta: float = 100.0,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The (B,) logits of ``flow_dpo_loss`` and the four per-sample errors ``(e_θ(w), e_ref(w), e_θ(l), e_ref(l))``."""
+    e_tw = _per_sample_mean((v_theta_w.float() - target_w.float()) ** 2, mask)
+    e_rw = _per_sample_mean((v_ref_w.detach().float() - target_w.float()) ** 2, mask)
+    e_tl = _per_sample_mean((v_theta_l.float() - target_l.float()) ** 2, mask)
+    e_rl = _per_sample_mean((v_ref_l.detach().float() - target_l.float()) ** 2, mask)
+    return -0.5 * beta * ((e_tw - e_rw) - (e_tl - e_rl)), (e_tw, e_rw, e_tl, e_rl)
+
+
 @register("loss", "flow_dpo")
 def flow_dpo_loss(
     v_theta_w: torch.Tensor,
@@ -315,18 +333,17 @@ def flow_dpo_loss(
 
     ||·||² is the masked mean over non-batch dims (as the code's ``.mean``); the reference velocities are detached.
     Diffusion-DPO (arXiv 2311.12908) is the same formula with ε-prediction errors (β_dpo = 5000 there).
-    Metrics: ``implicit_acc`` (share with a positive logit), ``logit_mean``, ``model_margin``
+    Metrics: ``implicit_acc`` (share with a positive logit, a zero logit counting one half: 0.5 at
+    initialisation), ``logit_mean``, ``model_margin``
     (e_θ(w) − e_θ(l), mean) and ``ref_margin``.
     """
-    e_tw = _per_sample_mean((v_theta_w.float() - target_w.float()) ** 2, mask)
-    e_rw = _per_sample_mean((v_ref_w.detach().float() - target_w.float()) ** 2, mask)
-    e_tl = _per_sample_mean((v_theta_l.float() - target_l.float()) ** 2, mask)
-    e_rl = _per_sample_mean((v_ref_l.detach().float() - target_l.float()) ** 2, mask)
-    logit = -0.5 * beta * ((e_tw - e_rw) - (e_tl - e_rl))
+    logit, (e_tw, e_rw, e_tl, e_rl) = flow_dpo_logits(
+        v_theta_w, v_ref_w, target_w, v_theta_l, v_ref_l, target_l, beta, mask
+    )
     loss = -F.logsigmoid(logit).mean()
     with torch.no_grad():
         metrics = {
-            "implicit_acc": (logit > 0).float().mean(),
+            "implicit_acc": ((logit > 0).float() + 0.5 * (logit == 0).float()).mean(),  # a tie counts one half
             "logit_mean": logit.mean(),
             "model_margin": (e_tw - e_tl).mean(),
             "ref_margin": (e_rw - e_rl).mean(),

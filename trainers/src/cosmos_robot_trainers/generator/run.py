@@ -1,0 +1,324 @@
+"""The run skeleton the generator trainers share: folder, model, LoRA, optimizer, resume, loop, final.
+
+Why one skeleton: SFT, Flow-DPO and DiffusionNFT differ only in what one step does (a batch of
+captioned images, a batch of preference pairs, a rollout-and-update iteration) and in a little state
+of their own (NFT's EMA old policy, DPO's pairs). ``GenRun`` owns the rest the same way for all
+three, on the pieces every trainer shares (``common``): the run folder (fresh / resume / refuse a
+changed recipe), threads and seeds, AdamW and its schedule, exact resume (trained weights,
+optimizer, schedule, RNGs, the trainer's own tensors), metrics to JSONL + TensorBoard, held-out
+evaluation, checkpoints, the wall-clock cap, and ``final/``: a diffusers pipeline folder (LoRA
+merged) that ``Cosmos3OmniPipeline.from_pretrained`` loads, plus ``report.html``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from cosmos_robot.generation.cosmos3 import Cosmos3Generator, GenShape
+from cosmos_robot_trainers.common import (
+    MetricsLogger,
+    TrainProgress,
+    capture_rng_state,
+    configure_torch,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+    seed_everything,
+)
+from cosmos_robot_trainers.common import rundir as _rundir
+from cosmos_robot_trainers.common.plot import plot_learning_curve
+from cosmos_robot_trainers.generator.config import GENERATOR_RUNTIME_FIELDS, reward_fn
+from cosmos_robot_trainers.generator.prompts import heldout_prompts, train_prompts
+from cosmos_robot_trainers.generator.report import save_grid
+from cosmos_robot_trainers.sft.optim import build_optimizer
+
+__all__ = ["GenResult", "GenRun", "merged_transformer", "resolve_init", "to_uint8"]
+
+StepFn = Callable[[int], dict[str, float]]
+
+
+@dataclass
+class GenResult:
+    """What one call of a generator trainer did."""
+
+    out_dir: Path
+    step: int
+    finished: bool
+    resumed_from: int | None
+    final_dir: Path | None
+    train_wall_s: float
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+    initial_eval: dict[str, float] = field(default_factory=dict)
+    final_eval: dict[str, float] = field(default_factory=dict)
+
+
+def to_uint8(pixels: torch.Tensor) -> np.ndarray:
+    """``(B, 3, F, H, W)`` in [-1, 1] -> ``(B, F, H, W, 3)`` uint8 (what rewards and reports take)."""
+    arr = ((pixels.detach().float().clamp(-1, 1) + 1.0) * 127.5).round().to(torch.uint8)
+    return arr.permute(0, 2, 3, 4, 1).cpu().numpy()
+
+
+def _apply_lora(transformer: Any, rank: int, alpha: int, targets: tuple[str, ...]) -> None:
+    from peft import LoraConfig
+
+    names = {name.rsplit(".", 1)[-1] for name, _ in transformer.named_modules()}
+    missing = [t for t in targets if t not in names]
+    if missing:
+        raise ValueError(f"lora.targets: {missing} name no module of the transformer")
+    transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), init_lora_weights=True))
+
+
+def merged_transformer(transformer: Any) -> Any:
+    """A plain transformer (no peft layers) whose weights are ``transformer``'s with LoRA merged in."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if not any(isinstance(m, BaseTunerLayer) for m in transformer.modules()):
+        return transformer
+    work = copy.deepcopy(transformer)
+    for module in work.modules():
+        if isinstance(module, BaseTunerLayer):
+            module.merge()
+    state = {}
+    for key, value in work.state_dict().items():
+        if ".lora_" in key:
+            continue
+        state[key.replace(".base_layer.", ".")] = value
+    plain = type(transformer).from_config(transformer.config)
+    plain.load_state_dict(state, strict=True)
+    return plain
+
+
+TINY_SHAPES = "tiny:cosmos3_shapes"
+TINY_CACHE = Path("runs/cache/cosmos3_shapes_base")
+
+
+def resolve_init(init: str, log: Callable[[str], None]) -> Path:
+    """``init``'s pipeline folder; ``tiny:cosmos3_shapes`` is built once (the shapes-pretrained VAE, a random
+    transformer; ``cosmos_robot.generation.tiny``, about 4 minutes) into ``runs/cache/`` and reused."""
+    if not init.startswith("tiny:"):
+        return Path(init)
+    if init != TINY_SHAPES:
+        raise ValueError(f"init: unknown tiny model {init!r}; the built-in one is {TINY_SHAPES!r}")
+    if not (TINY_CACHE / "model_index.json").is_file():
+        from cosmos_robot.generation.tiny import build_tiny_generator
+
+        log(f"init {init}: building the tiny pipeline into {TINY_CACHE} (VAE pretrained on shapes) ...")
+        tmp = TINY_CACHE.with_name(TINY_CACHE.name + ".tmp")
+        build_tiny_generator(tmp, log=log)
+        tmp.replace(TINY_CACHE)
+    return TINY_CACHE
+
+
+class GenRun:
+    """``run = GenRun(config, ...)``; the trainer builds its own objects; ``run.restore(...)``; ``run.loop(...)``."""
+
+    def __init__(
+        self, config: Any, *, resume: bool, overwrite: bool, log: Callable[[str], None], updates_per_step: int = 1
+    ) -> None:
+        tcfg = config.train
+        self.config, self.log = config, log
+        self.out = Path(config.output.dir)
+        self.ckpt_path = _rundir.prepare_run_dir(
+            config, self.out, GENERATOR_RUNTIME_FIELDS, resume=resume, overwrite=overwrite
+        )
+        configure_torch(tcfg.num_threads, tcfg.deterministic)
+        seed_everything(tcfg.seed)
+        self.gen = Cosmos3Generator.from_pretrained(resolve_init(config.init, log), tcfg.device)
+        self.shape = GenShape(config.shape.num_frames, config.shape.height, config.shape.width, config.shape.fps)
+        self.gen.pipe.vae.requires_grad_(False)
+        tr = self.gen.transformer
+        if config.lora.rank > 0:
+            tr.requires_grad_(False)
+            _apply_lora(tr, config.lora.rank, config.lora.alpha, config.lora.targets)
+        tr.train()
+        self.trainable = {n: p for n, p in tr.named_parameters() if p.requires_grad}
+        groups = [{"params": list(self.trainable.values()), "weight_decay": config.optim.weight_decay}]
+        self.optimizer, self.scheduler = build_optimizer(tr, config.optim, tcfg.steps * updates_per_step, groups=groups)
+        self.reward = reward_fn(config.reward)
+        self.prompts = train_prompts(config.prompts, config.eval.prompts)
+        self.heldout = heldout_prompts(config.prompts, config.eval.prompts)
+        self.generator = torch.Generator().manual_seed(tcfg.seed)  # the trainer's own draws (t, eps, order)
+        self.start, self.prior_wall = 0, 0.0
+        self.evals: list[dict[str, Any]] = []
+
+    # --- state ---------------------------------------------------------------------------------------
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        return {n: p.detach() for n, p in self.trainable.items()}
+
+    def restore(self, load_extra: Callable[[dict[str, Any]], None] | None = None) -> None:
+        if self.ckpt_path is None:
+            return
+        ck = load_checkpoint(self.ckpt_path)
+        missing = sorted(set(self.trainable) - set(ck.model))
+        if missing:
+            raise ValueError(f"{self.ckpt_path}: checkpoint lacks trained parameters {missing[:3]}")
+        with torch.no_grad():
+            for name, param in self.trainable.items():
+                param.copy_(ck.model[name])
+        self.optimizer.load_state_dict(ck.state["optimizer"])
+        self.scheduler.load_state_dict(ck.state["scheduler"])
+        restore_rng_state(ck.state["rng"])
+        self.generator.set_state(ck.state["generator"])
+        self.start, self.prior_wall = ck.step, float(ck.state.get("wall_s", 0.0))
+        self.evals = json.loads(ck.state.get("evals", "[]"))
+        if load_extra is not None:
+            load_extra(ck.state.get("extra", {}))
+        self.log(f"resumed from {self.ckpt_path} (step {ck.step})")
+
+    def save(self, step: int, wall_s: float, extra: dict[str, Any]) -> None:
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": capture_rng_state(),
+            "generator": self.generator.get_state(),
+            "wall_s": wall_s,
+            "evals": json.dumps(self.evals),
+            "extra": extra,
+        }
+        root, keep = self.out / _rundir.CHECKPOINTS, self.config.train.keep_checkpoints
+        save_checkpoint(root, step, self.trained_state(), state, info={"trainer": self.config.trainer}, keep_last=keep)
+
+    # --- sampling and evaluation -------------------------------------------------------------------
+    def generate(self, prompts: list[str], seeds: list[int]) -> torch.Tensor:
+        """Clean latents ``(B, C, T, h, w)`` of the current model (deterministic, eval mode)."""
+        tr = self.gen.transformer
+        was = tr.training
+        tr.eval()
+        try:
+            s = self.config.sample
+            return torch.stack(
+                [self.gen.sample(p, self.shape, sd, s.num_steps, s.guidance) for p, sd in zip(prompts, seeds)]
+            )
+        finally:
+            tr.train(was)
+
+    @torch.no_grad()
+    def images(self, latents: torch.Tensor) -> np.ndarray:
+        return to_uint8(self.gen.decode(latents))
+
+    def evaluate(self, step: int, extra: Callable[[], dict[str, float]] | None = None) -> dict[str, float]:
+        """Mean reward of held-out prompts' generations (fixed noise seeds), plus the trainer's own numbers."""
+        seeds = [self.config.eval.seed * 100_003 + i for i in range(len(self.heldout))]
+        imgs = self.images(self.generate(self.heldout, seeds))
+        scores = np.asarray(self.reward(imgs, self.heldout), np.float64)
+        save_grid(imgs, self.out / "eval" / f"step_{step:06d}.png")
+        result = {
+            "step": float(step),
+            "heldout_reward": float(scores.mean()),
+            "heldout_reward_std": float(scores.std()),
+        }
+        if extra is not None:
+            result.update(extra())
+        self.evals.append({**result, "scores": [float(s) for s in scores]})
+        shown = ", ".join(f"{k} {v:.4f}" for k, v in result.items() if k not in ("step", "heldout_reward_std"))
+        self.log(f"eval @ {step} ({self.config.reward.name}): {shown}")
+        return result
+
+    # --- the loop ----------------------------------------------------------------------------------
+    def loop(
+        self,
+        step_fn: StepFn,
+        extra_state: Callable[[], dict[str, Any]] = dict,
+        extra_eval: Callable[[], dict[str, float]] | None = None,
+        stop_at_step: int | None = None,
+    ) -> GenResult:
+        """Steps ``start + 1 ..`` of ``step_fn``; ``stop_at_step`` ends after that step's checkpoint as a
+        killed run would (tests of exact resume)."""
+        cfg, tcfg = self.config, self.config.train
+        metrics = MetricsLogger(self.out, resume_step=self.start, tensorboard=cfg.output.tensorboard)
+        if self.start == 0 and cfg.eval.initial and not self.evals:
+            metrics.log(0, {f"eval/{k}": v for k, v in self.evaluate(0, extra_eval).items() if k != "step"})
+        begin, step, last, finished, by_clock = time.monotonic(), self.start, {}, True, False
+        window: list[dict[str, float]] = []
+        try:
+            with TrainProgress(tcfg.steps, start=self.start, description=cfg.trainer, enabled=tcfg.progress) as bar:
+                for step in range(self.start + 1, tcfg.steps + 1):
+                    window.append(step_fn(step))
+                    if step % tcfg.log_every == 0 or step == tcfg.steps:
+                        last = {k: float(np.mean([w[k] for w in window if k in w])) for k in window[-1]}
+                        last["lr"] = float(self.scheduler.get_last_lr()[0])
+                        metrics.log(step, last)
+                        window = []
+                        bar.update(step, last)
+                    if cfg.eval.every and step % cfg.eval.every == 0 and step != tcfg.steps:
+                        metrics.log(
+                            step, {f"eval/{k}": v for k, v in self.evaluate(step, extra_eval).items() if k != "step"}
+                        )
+                    wall = self.prior_wall + time.monotonic() - begin
+                    if step % tcfg.ckpt_every == 0 or step == tcfg.steps:
+                        self.save(step, wall, extra_state())
+                    if stop_at_step is not None and step >= stop_at_step and step < tcfg.steps:
+                        self.save(step, wall, extra_state())
+                        finished = False
+                        break
+                    if tcfg.max_wall_minutes is not None and wall >= tcfg.max_wall_minutes * 60 and step < tcfg.steps:
+                        self.log(f"train.max_wall_minutes={tcfg.max_wall_minutes} reached at step {step}; "
+                                 "evaluating and exporting what we have")  # fmt: skip
+                        self.save(step, wall, extra_state())
+                        by_clock = True
+                        break
+        finally:
+            metrics.close()
+        return self._finish(step, finished, by_clock, begin, last, extra_eval)
+
+    def _finish(
+        self,
+        step: int,
+        finished: bool,
+        by_clock: bool,
+        begin: float,
+        last: dict[str, float],
+        extra_eval: Callable[[], dict[str, float]] | None,
+    ) -> GenResult:
+        """Final evaluation, ``final/``, plot and report: for a finished run and for one stopped by the wall
+        clock (its result says not finished: a rerun resumes it), not for one stopped at ``stop_at_step``."""
+        from cosmos_robot_trainers.generator.report import write_report
+
+        cfg = self.config
+        wall = self.prior_wall + time.monotonic() - begin
+        final_dir = None
+        export = finished or by_clock
+        if export and cfg.eval.final and (not self.evals or self.evals[-1]["step"] != step):
+            self.evaluate(step, extra_eval)
+        if export:
+            final_dir = self.out / "final"
+            pipe = copy.copy(self.gen.pipe)
+            pipe.register_modules(transformer=merged_transformer(self.gen.transformer))
+            pipe.save_pretrained(final_dir)
+            facts = {
+                "trainer": cfg.trainer,
+                "step": step,
+                "shape": cfg.shape.model_dump(),
+                "sample": cfg.sample.model_dump(),
+                "reward": cfg.reward.name,
+                "evals": [{k: v for k, v in e.items() if k != "scores"} for e in self.evals],
+            }
+            (final_dir / "cosmos_robot_generator.json").write_text(json.dumps(facts, indent=2) + "\n")
+        if cfg.output.plot and (self.out / "metrics.jsonl").exists():
+            plot_learning_curve(self.out, keys=("loss", "lr"), out=self.out / "learning_curve.png")
+        if cfg.eval.report and export and self.evals:
+            write_report(self, self.out / "report.html")
+        self._write_evals()
+        first = {k: v for k, v in self.evals[0].items() if k != "scores"} if self.evals else {}
+        final = {k: v for k, v in self.evals[-1].items() if k != "scores"} if self.evals else {}
+        resumed = None if self.ckpt_path is None else self.start
+        return GenResult(self.out, step, finished and not by_clock, resumed, final_dir, wall, last, first, final)
+
+    def _write_evals(self) -> None:
+        with (self.out / "evals.jsonl").open("w") as fh:
+            for e in self.evals:
+                fh.write(json.dumps(e) + "\n")
+
+
+def resume_point(out: Path) -> Path | None:
+    return latest_checkpoint(out / _rundir.CHECKPOINTS)
