@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from cosmos_robot.config import StrictModel
+from cosmos_robot_trainers.common.loop_config import LoopConfig
 from cosmos_robot_trainers.common.output import OutputConfig
 from cosmos_robot_trainers.sft.config import OptimConfig
 
@@ -89,29 +90,13 @@ class PromptsConfig(StrictModel):
     count: int = Field(default=256, ge=1)  # distinct training prompts (shapes); a file uses its lines
 
 
-class GenTrainConfig(StrictModel):
-    """Length, batching, seeding and cadence."""
+class GenTrainConfig(LoopConfig):
+    """Length, batching, seeding and cadence (``steps``: NFT iterations; optimizer steps otherwise)."""
 
-    steps: int = Field(default=1000, ge=1)  # optimizer steps (NFT, DPO from samples: iterations)
-    batch_size: int = Field(default=16, ge=1)  # samples per optimizer step
-    seed: int = 0
-    timestep_sampling: Literal["uniform", "logit_normal"] = "logit_normal"  # how sigma in (0, 1) is drawn
     log_every: int = Field(default=10, ge=1)
     ckpt_every: int = Field(default=100, ge=1)  # a multiple of log_every
-    keep_checkpoints: int = Field(default=2, ge=1)
-    device: str = "cpu"
-    num_threads: int | None = Field(default=2, ge=1)
-    deterministic: bool = True
-    max_wall_minutes: float | None = Field(default=None, gt=0)
-    progress: bool = True
-
-    @model_validator(mode="after")
-    def _cadence(self) -> GenTrainConfig:
-        if self.ckpt_every % self.log_every:
-            raise ValueError(
-                f"train.ckpt_every ({self.ckpt_every}) must be a multiple of train.log_every ({self.log_every})"
-            )
-        return self
+    batch_size: int = Field(default=16, ge=1)  # samples (DPO: pairs) per optimizer step
+    timestep_sampling: Literal["uniform", "logit_normal"] = "logit_normal"  # how sigma in (0, 1) is drawn
 
 
 class GenEvalConfig(StrictModel):

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from cosmos_robot.config import StrictModel
+from cosmos_robot_trainers.common.loop_config import LoopConfig
 from cosmos_robot_trainers.common.output import OutputConfig
 from cosmos_robot_trainers.sft.config import OptimConfig
 
@@ -68,34 +69,20 @@ class TextDataConfig(StrictModel):
         return self
 
 
-class TextTrainConfig(StrictModel):
+class TextTrainConfig(LoopConfig):
     """Length, batching, seeding, precision and cadence."""
 
-    steps: int = Field(default=1000, ge=1)  # optimizer steps
     batch_size: int = Field(default=8, ge=1)  # rows per step (packed rows, or conversations without packing)
-    seed: int = 0
     dtype: Literal["float32", "bfloat16"] = "float32"
-    log_every: int = Field(default=50, ge=1)
-    ckpt_every: int = Field(default=500, ge=1)  # a multiple of log_every
-    keep_checkpoints: int = Field(default=2, ge=1)
-    device: str = "cpu"
-    num_threads: int | None = Field(default=2, ge=1)
-    deterministic: bool = True
-    max_wall_minutes: float | None = Field(default=None, gt=0)
-    progress: bool = True
     fsdp: bool = False  # data-parallel text SFT: shard parameters, gradients and AdamW state (FSDP2; float32)
     # "sharded": every rank writes its own shards of model and AdamW state (torch.distributed.checkpoint)
     # instead of gathering them on rank 0; resumable at any world size, sharded or not; final/ stays an HF folder
     checkpoint_format: Literal["whole", "sharded"] = "whole"
 
     @model_validator(mode="after")
-    def _cadence(self) -> TextTrainConfig:
+    def _fsdp_precision(self) -> TextTrainConfig:
         if self.fsdp and self.dtype != "float32":
             raise ValueError("train.fsdp shards float32 models; with train.dtype = 'bfloat16' it is not built yet")
-        if self.ckpt_every % self.log_every:
-            raise ValueError(
-                f"train.ckpt_every ({self.ckpt_every}) must be a multiple of train.log_every ({self.log_every})"
-            )
         return self
 
 
