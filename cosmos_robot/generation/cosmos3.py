@@ -18,7 +18,8 @@ The transformer packs one sample per call (no block mask), so a batch is a loop 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,17 @@ class Cosmos3Generator:
     @property
     def transformer(self) -> Any:
         return self.pipe.transformer
+
+    @contextmanager
+    def using(self, transformer: Any) -> Iterator[Cosmos3Generator]:
+        """Run ``velocity`` / ``sample`` with another transformer of the same config (an old policy, a
+        reference) in place of the pipeline's, sharing the VAE, tokenizer, scheduler and packing cache."""
+        own = self.pipe.transformer
+        self.pipe.transformer = transformer
+        try:
+            yield self
+        finally:
+            self.pipe.transformer = own
 
     @property
     def device(self) -> torch.device:

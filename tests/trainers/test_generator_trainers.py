@@ -92,9 +92,9 @@ def test_nft_gradient_at_the_old_policy_is_beta_2r_minus_1_times_flow_matching(b
         return torch.cat([(torch.zeros_like(p) if gr is None else gr).flatten() for p, gr in zip(params, got)])
 
     v = gen.velocities(x_t, torch.tensor([0.3, 0.7]), ids, shape)
-    own, gen.pipe.transformer = gen.pipe.transformer, old
-    v_old = gen.velocities(x_t, torch.tensor([0.3, 0.7]), ids, shape).detach()
-    gen.pipe.transformer = own
+    with gen.using(old):
+        v_old = gen.velocities(x_t, torch.tensor([0.3, 0.7]), ids, shape).detach()
+    assert gen.transformer is not old  # put back
     assert torch.equal(v.detach(), v_old)  # theta = theta_old
     loss, _ = nft_loss(v, v_old, target, r, beta=beta)
     g_nft = grads(loss)
@@ -134,6 +134,11 @@ def test_recipe_errors_name_the_field(base: Path, tmp_path: Path) -> None:
         load_train_recipe("debug_generator_nft", [*_overrides(tmp_path, base), "train.batch_size=3"])
     with pytest.raises(ConfigError, match="num_frames: expected 1"):
         load_train_recipe("debug_generator_sft", [*_overrides(tmp_path, base), "shape.num_frames=2"])
+    with pytest.raises(ConfigError, match="preference JSONL holds images: shape.num_frames must be 1"):
+        load_train_recipe(
+            "debug_generator_dpo",
+            [*_overrides(tmp_path, base), 'algo.pairs="jsonl"', 'algo.data_path="p.jsonl"', "shape.num_frames=5"],
+        )
     with pytest.raises(ConfigError, match="algo.pairs = 'jsonl' needs algo.data_path"):
         load_train_recipe("debug_generator_dpo", [*_overrides(tmp_path, base), 'algo.pairs="jsonl"'])
 

@@ -165,6 +165,15 @@ class GenDPOConfig(_GenBase):
     trainer: Literal["generator_dpo"] = "generator_dpo"
     algo: DPOConfig = Field(default_factory=lambda: DPOConfig())
 
+    @model_validator(mode="after")
+    def _jsonl_images(self) -> GenDPOConfig:
+        if self.algo.pairs == "jsonl" and self.shape.num_frames != 1:
+            raise ValueError(
+                f"a preference JSONL holds images: shape.num_frames must be 1 (got {self.shape.num_frames}); "
+                "video pairs come from ranked samples (algo.pairs = 'samples')"
+            )
+        return self
+
 
 class NFTConfig(StrictModel):
     """DiffusionNFT: groups per prompt, advantage-weighted forward-process loss, EMA old policy."""

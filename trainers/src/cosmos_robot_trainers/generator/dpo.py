@@ -147,14 +147,9 @@ def pair_logits(run: GenRun, frozen: Any, pairs: Pairs, idx: np.ndarray, gen: to
     ids = prompt_ids(run.gen, [pairs.prompts[i] for i in idx], run.shape, ids_cache)
     vw = run.gen.velocities(xw, sig, ids, run.shape)
     vl = run.gen.velocities(xl, sig, ids, run.shape)
-    with torch.no_grad(), reference(run, frozen) as ref:
-        own = run.gen.pipe.transformer
-        run.gen.pipe.transformer = ref
-        try:
-            rw = run.gen.velocities(xw, sig, ids, run.shape)
-            rl = run.gen.velocities(xl, sig, ids, run.shape)
-        finally:
-            run.gen.pipe.transformer = own
+    with torch.no_grad(), reference(run, frozen) as ref, run.gen.using(ref):
+        rw = run.gen.velocities(xw, sig, ids, run.shape)
+        rl = run.gen.velocities(xl, sig, ids, run.shape)
     beta = run.config.algo.beta
     loss, metrics = get_algorithm("loss", "flow_dpo")(vw, rw, tw, vl, rl, tl, beta=beta)
     logit, _ = flow_dpo_logits(vw.detach(), rw, tw, vl.detach(), rl, tl, beta=beta)

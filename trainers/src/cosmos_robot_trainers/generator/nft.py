@@ -32,16 +32,6 @@ from cosmos_robot_trainers.generator.run import GenResult, GenRun
 __all__ = ["nft_minibatch_loss", "run_generator_nft"]
 
 
-def _velocities_of(run: GenRun, model: Any, x_t: torch.Tensor, sig: torch.Tensor, ids: list[list[int]]) -> Any:
-    gen = run.gen
-    own = gen.pipe.transformer
-    gen.pipe.transformer = model
-    try:
-        return gen.velocities(x_t, sig, ids, run.shape)
-    finally:
-        gen.pipe.transformer = own
-
-
 def nft_minibatch_loss(
     run: GenRun,
     old: Any,
@@ -59,12 +49,14 @@ def nft_minibatch_loss(
     ids = prompt_ids(run.gen, prompts, run.shape, ids_cache)
     v = run.gen.velocities(x_t, sig, ids, run.shape)
     with torch.no_grad():
-        v_old = _velocities_of(run, old, x_t, sig, ids)
+        with run.gen.using(old):
+            v_old = run.gen.velocities(x_t, sig, ids, run.shape)
     loss, m = get_algorithm("loss", "nft")(v, v_old, target, r.to(v.device), beta=cfg.algo.beta)
     metrics = {k: float(val) for k, val in m.items()}
     if ref is not None and cfg.algo.kl_coef > 0:
         with torch.no_grad():
-            v_ref = _velocities_of(run, ref, x_t, sig, ids)
+            with run.gen.using(ref):
+                v_ref = run.gen.velocities(x_t, sig, ids, run.shape)
         kl = ((v - v_ref) ** 2).mean()
         loss = loss + cfg.algo.kl_coef * kl
         metrics["kl_ref"] = float(kl.detach())
@@ -77,12 +69,8 @@ def _rollout(run: GenRun, old: Any) -> tuple[torch.Tensor, list[str], np.ndarray
     pick = torch.randint(len(run.prompts), (a.prompts_per_iter,), generator=run.generator).tolist()
     prompts = [run.prompts[i] for i in pick for _ in range(a.group_size)]
     seeds = torch.randint(2**31 - 1, (len(prompts),), generator=run.generator).tolist()
-    own = run.gen.pipe.transformer
-    run.gen.pipe.transformer = old
-    try:
+    with run.gen.using(old):
         lat = run.generate(prompts, seeds)
-    finally:
-        run.gen.pipe.transformer = own
     rewards = np.asarray(run.reward(run.images(lat), prompts), np.float64)
     return lat, prompts, rewards
 
