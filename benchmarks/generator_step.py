@@ -10,8 +10,13 @@ Cosmos3-Nano's (hidden 4096, 36 layers, the Wan2.2 48-channel VAE; ``cosmos3_lat
   ``flow_dpo`` loss, backward, AdamW;
 - ``sample``: one image (or clip) through ``Cosmos3Generator.sample`` (``--steps`` ODE steps, no guidance).
 
+``--lora-rank R`` trains LoRA adapters of rank R on the trainer's default targets (what a recipe's
+``[lora] rank`` does) instead of every weight; without it the rows are full fine-tuning.
+
     python benchmarks/generator_step.py --size tiny                                          # this CPU
     python benchmarks/generator_step.py --size nano --device cuda --dtype bfloat16 --height 256 --width 256
+    python benchmarks/generator_step.py --size nano --device cuda --dtype bfloat16 --height 256 --width 256 \
+        --lora-rank 32
 """
 
 from __future__ import annotations
@@ -74,12 +79,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--lora-rank", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     gen = build(args)
     shape = GenShape(args.frames, args.height, args.width)
     tr = gen.transformer
+    if args.lora_rank > 0:
+        from cosmos_robot_trainers.generator.config import LoraConfig
+        from cosmos_robot_trainers.generator.run import _apply_lora
+
+        spec = LoraConfig()
+        tr.requires_grad_(False)
+        _apply_lora(tr, args.lora_rank, args.lora_rank, spec.targets)
+        if args.dtype != "float32":
+            tr.to(getattr(torch, args.dtype))
     tr.train()
     opt = torch.optim.AdamW([p for p in tr.parameters() if p.requires_grad], lr=1e-6)
     ids = [gen.prompt_ids(f"a red circle number {i}", shape)[0] for i in range(args.batch)]
@@ -123,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         "shape": {"frames": args.frames, "height": args.height, "width": args.width},
         "latents": list(gen.latent_shape(shape)),
         "batch": args.batch,
+        "trained": f"LoRA rank {args.lora_rank}" if args.lora_rank else "all weights",
+        "trained_parameters_M": round(sum(p.numel() for p in tr.parameters() if p.requires_grad) / 1e6, 2),
         "sample_steps": args.steps,
         "rows": rows,
     }

@@ -46,11 +46,14 @@ R=/tmp/res; mkdir -p $R
 nvidia-smi > $R/smi.txt 2>&1
 step() { name=$1; t=$2; shift 2; echo "$(date +%T) start $name" >> $R/progress
     timeout "$t" "$@" > $R/$name.log 2>&1; rc=$?; echo "$(date +%T) end $name rc=$rc" >> $R/progress; }
-step groot_step 420 python3 benchmarks/groot_sft_step.py --size released --device cuda --steps 60 --batch 32 \
-    --data $W/.devpack/demos --out $R/groot_step.json
-step stages 360 python3 benchmarks/numerics_pi05_stages.py --size full --device cuda --out $R/stages.json
-step pi05_b8_trim 420 python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot --compile \
-    --attention math --trim-prompt --batches 8 --iters 100 --out $R/pi05_b8_trim.json
+# 2026-12-05: the Cosmos3-Nano generator step rows (issue 23), then issue 19's open pi0.5 rows
+G="python3 benchmarks/generator_step.py --size nano --device cuda --dtype bfloat16 --height 256 --width 256"
+step gen_full 420 $G --out $R/gen_full.json
+step gen_lora 300 $G --lora-rank 32 --out $R/gen_lora.json
+step pi05_b8_trim 540 python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot --compile \
+    --attention math --trim-prompt --batches 8 --iters 50 --out $R/pi05_b8_trim.json
+step numerics_pi05 480 python3 benchmarks/numerics_pi05.py --size full --device cuda --batch 4 --out $R/numerics_pi05.json
+step gen_video 300 $G --frames 5 --lora-rank 32 --out $R/gen_video.json
 echo ALLDONE >> $R/progress
 JOB
 du -sh .devpack/*

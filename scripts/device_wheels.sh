@@ -5,7 +5,8 @@
 # no package registry; a run carries at most 64 MiB, so the set is split in two:
 #
 #   .whl_lerobot/  LeRobot 0.6.1, transformers 5.5.4, tokenizers, diffusers, datasets and their
-#                  pure-Python needs, plus pytest, pyzmq and websockets (about 30 MB)
+#                  pure-Python needs, plus pytest, pyzmq, websockets and peft (LoRA of the generator
+#                  benchmark) with its needs (about 32 MB)
 #   .whl_av/       PyAV (about 39 MB; LeRobot's policies import lerobot.datasets, which requires it)
 #
 # Two device calls on one warm machine (it stays warm 30 s after a call):
@@ -86,6 +87,7 @@ fetch .whl_lerobot lerobot==0.6.1 transformers==5.5.4 tokenizers==0.22.2 diffuse
     dill==0.4.1 dm-tree==0.1.10 importlib-metadata==10.2.0 mergedeep==1.3.4 multiprocess==0.70.19 \
     termcolor==3.3.0 toml==0.10.2 \
     pytest==8.4.2 pytest-timeout==2.4.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 packaging==26.4 \
-    pyzmq==27.3.0 websockets==17.4
+    pyzmq==27.3.0 websockets==17.4 \
+    peft==0.21.2 accelerate==1.16.0 psutil==7.2.2 pyyaml==6.0.3 tqdm==4.70.1
 fetch .whl_av av==15.1.0
 du -sh .whl_lerobot .whl_av
