@@ -13,6 +13,11 @@ on every rank, which caps the model at what one device holds. ``fully_shard`` (t
   ``optimizer.state_dict()`` keys it): ``full_state`` gathers them to rank 0 and ``load_full_state``
   shards them back, so a run resumes at any world size, sharded or not.
 - ``full_model_state`` gathers the weights for an export or an evaluation on rank 0.
+- Mixed precision (``compute_dtype``): the shards are float32 master weights, gathered and computed in
+  bfloat16, gradients reduced in float32 (``MixedPrecisionPolicy``): the sharded form of the text
+  trainers' ``MasterWeights`` (text/precision.py). ``as_master_checkpoint`` / ``from_master_checkpoint``
+  convert between its state and that optimizer's checkpoint (bf16 weights, AdamW state, float32 masters),
+  so a bf16 run crosses between one process and many in both directions.
 
 Every function here is a collective: every rank calls it.
 """
@@ -24,22 +29,38 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["full_model_state", "full_state", "is_sharded", "load_full_state", "replicated_params", "shard_model"]
+__all__ = [
+    "as_master_checkpoint",
+    "from_master_checkpoint",
+    "full_model_state",
+    "full_state",
+    "is_sharded",
+    "load_full_state",
+    "replicated_params",
+    "shard_model",
+]
 
 FORWARD_METHODS = ("flow_loss",)
 
 
-def shard_model(model: nn.Module) -> nn.Module:
-    """``fully_shard`` each block of the model's ModuleList stacks, then the model (in place; returned)."""
-    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+def shard_model(model: nn.Module, compute_dtype: torch.dtype | None = None) -> nn.Module:
+    """``fully_shard`` each block of the model's ModuleList stacks, then the model (in place; returned).
 
+    ``compute_dtype`` (bfloat16): the model is made float32 first, so its shards are the master weights;
+    forward and backward run on ``compute_dtype`` copies and the gradients are reduced in float32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    kw: dict[str, Any] = {}
+    if compute_dtype is not None and compute_dtype != torch.float32:
+        model.float()
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     scalars = {p for p in model.parameters() if p.dim() == 0}  # fully_shard refuses 0-d parameters
     for module in reversed(list(model.modules())):  # inner stacks first: FSDP nests bottom-up
         if isinstance(module, nn.ModuleList):
             for block in module:
                 if any(True for _ in block.parameters()):
-                    fully_shard(block, ignored_params=scalars)
-    fully_shard(model, ignored_params=scalars)
+                    fully_shard(block, ignored_params=scalars, **kw)
+    fully_shard(model, ignored_params=scalars, **kw)
     for name in FORWARD_METHODS:
         if callable(getattr(model, name, None)):
             register_fsdp_forward_method(model, name)
@@ -98,6 +119,41 @@ def load_full_state(
         optim_state_dict=_by_name(optim_sd, model, optimizer),
         options=StateDictOptions(full_state_dict=True),
     )
+
+
+def as_master_checkpoint(
+    model: nn.Module, model_sd: dict[str, Any], optim_sd: dict[str, Any], dtype: torch.dtype
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A mixed-precision run's gathered ``(float32 weights, AdamW state)`` as the one-process bf16 run saves
+    them (text/precision.py ``MasterWeights``): the weights in ``dtype``, the optimizer as ``{"inner": AdamW,
+    "master": the trainable float32 weights in parameter order}``. Rank 0 (the others hold ``{}``)."""
+    if not model_sd:
+        return model_sd, optim_sd
+    master = [model_sd[n].float().clone() for n, p in model.named_parameters() if p.requires_grad]
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model_sd.items()}
+    return weights, {"inner": optim_sd, "master": master}
+
+
+def from_master_checkpoint(
+    model: nn.Module, model_sd: dict[str, Any], optim_sd: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The inverse of ``as_master_checkpoint`` for a float32-sharded model: ``(float32 weights, AdamW
+    state)``, the trainable weights taken from the saved masters (not their bf16 rounding)."""
+    if set(optim_sd) != {"inner", "master"}:
+        return {k: v.float() if v.is_floating_point() else v for k, v in model_sd.items()}, optim_sd
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    if len(names) != len(optim_sd["master"]):
+        raise ValueError(
+            f"optimizer state: {len(optim_sd['master'])} float32 master weights saved, this model trains {len(names)}"
+        )
+    weights = {k: v.float() if v.is_floating_point() else v for k, v in model_sd.items()}
+    # every key of a trainable parameter takes its master, tied aliases too (a tied head saved under a
+    # second name would otherwise load the bf16 rounding over the master)
+    position = {id(p): i for i, (_, p) in enumerate((n, p) for n, p in model.named_parameters() if p.requires_grad)}
+    for key, value in model.state_dict(keep_vars=True).items():
+        if id(value) in position:
+            weights[key] = optim_sd["master"][position[id(value)]]
+    return weights, optim_sd["inner"]
 
 
 def _by_position(optim_sd: dict[str, Any]) -> dict[str, Any]:

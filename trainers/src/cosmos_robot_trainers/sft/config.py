@@ -87,6 +87,12 @@ class TrainConfig(StrictModel):
 
     steps: int = Field(default=1000, ge=1)  # optimizer steps in total
     batch_size: int = Field(default=64, ge=1)  # samples per step
+    # forward/backward passes per optimizer step: the batch's gradient in grad_accum micro-batches (less
+    # activation memory, the same step); batch_size must divide by grad_accum x the training processes
+    grad_accum: int = Field(default=1, ge=1)
+    # "bf16": forward and loss under torch.autocast(bfloat16) (CUDA and CPU), weights, gradients and AdamW
+    # state stay float32; "fp32": float32 throughout
+    precision: Literal["fp32", "bf16"] = "fp32"
     seed: int = 0  # seeds the model init, the data order, noise and augmentation
     ema_decay: float | None = Field(default=None, gt=0, lt=1)  # keep an EMA of the weights (exported when set)
     log_every: int = Field(default=50, ge=1)  # steps between metric records (metrics.jsonl, TensorBoard)
@@ -97,8 +103,8 @@ class TrainConfig(StrictModel):
     deterministic: bool = True  # deterministic kernels (exact resume); slightly slower on some ops
     max_wall_minutes: float | None = Field(default=None, gt=0)  # stop (checkpoint + export) after this much training
     progress: bool = True  # show the progress bar (stderr)
-    # data-parallel runs (--nproc N): shard parameters, gradients and AdamW state over the processes (FSDP2)
-    # instead of replicating them; checkpoints stay whole, so a run may resume with or without it
+    # data-parallel runs (--nproc N): shard parameters, gradients, AdamW state and the EMA over the processes
+    # (FSDP2) instead of replicating them; checkpoints stay whole, so a run may resume with or without it
     fsdp: bool = False
     # "sharded": every rank writes its own shards with torch.distributed.checkpoint (no gathering on one
     # process); resumable at any world size, sharded or not; `cosmos-robot export` consolidates it
@@ -106,8 +112,10 @@ class TrainConfig(StrictModel):
 
     @model_validator(mode="after")
     def _cadence(self) -> TrainConfig:
-        if self.fsdp and self.ema_decay is not None:
-            raise ValueError("train.fsdp with train.ema_decay: the EMA would hold sharded copies; unset one of them")
+        if self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"train.batch_size ({self.batch_size}) must be a multiple of train.grad_accum ({self.grad_accum})"
+            )
         if self.ckpt_every % self.log_every:
             raise ValueError(
                 f"train.ckpt_every ({self.ckpt_every}) must be a multiple of train.log_every ({self.log_every}) "
@@ -174,6 +182,7 @@ RUNTIME_FIELDS = frozenset(
         "train.max_wall_minutes",
         "train.progress",
         "train.fsdp",
+        "train.grad_accum",
         "train.checkpoint_format",
         "output",
         "eval",

@@ -17,8 +17,13 @@ Data parallel (``torchrun``, or ``cosmos-robot train RECIPE --nproc N``; cosmos_
 every rank draws the whole global batch as one process would and trains on its slice; gradients and the
 logged loss are averaged over ranks, and rank 0 alone records data, writes metrics and checkpoints,
 evaluates and exports. The checkpoint is the single-process one, so a run resumes at any world size.
-``train.fsdp`` shards parameters, gradients and AdamW state instead (common/fsdp.py); its checkpoints are
-gathered whole, so they too resume with or without sharding.
+``train.fsdp`` shards parameters, gradients, AdamW state and the EMA instead (common/fsdp.py); its
+checkpoints are gathered whole, so they too resume with or without sharding.
+
+``train.grad_accum`` cuts each rank's part of the batch into micro-batches, each weighted by its share
+of the global batch's loss normaliser, so the accumulated gradient is the whole batch's (under FSDP the
+reduce-scatter runs once, after the last). ``train.precision = "bf16"`` runs forward and loss under
+``torch.autocast(bfloat16)`` with float32 weights, gradients and AdamW state, in one process as in many.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -159,8 +164,12 @@ class _Run:
         whole.load_state_dict(state)
         return whole
 
-    def servable(self, model: nn.Module | None = None) -> BatchPolicy:
-        return self.adapter.servable(model if model is not None else self.model, self.data, self.ema)
+    def whole_ema(self) -> EMA | None:
+        """The EMA with whole tensors (gathered from the shards under FSDP: a collective, every rank calls it)."""
+        return self.ema.whole() if self.ema is not None else None
+
+    def servable(self, model: nn.Module | None = None, ema: EMA | None = None) -> BatchPolicy:
+        return self.adapter.servable(model if model is not None else self.model, self.data, ema or self.ema)
 
 
 def run_sft(
@@ -180,6 +189,11 @@ def run_sft(
     if config.train.batch_size % world.world_size:
         raise ConfigError(
             f"train.batch_size={config.train.batch_size} is not divisible by the {world.world_size} training processes"
+        )
+    if config.train.batch_size % (world.world_size * config.train.grad_accum):
+        raise ConfigError(
+            f"train.batch_size={config.train.batch_size} is not divisible into train.grad_accum="
+            f"{config.train.grad_accum} micro-batches on each of the {world.world_size} training processes"
         )
     if not world.is_main:
         log = _quiet  # rank 0 speaks for the run
@@ -311,8 +325,7 @@ def _train(run: _Run, stop: int, log: Callable[[str], None]) -> bool:
     deadline = run.t0 + 60 * tcfg.max_wall_minutes - run.prior_wall_s if tcfg.max_wall_minutes else math.inf
     with TrainProgress(tcfg.steps, run.start, run.config.name, enabled=tcfg.progress and run.world.is_main) as bar:
         while run.step < stop:
-            batch, noise, times, weight = _next_batch(run)
-            _train_step(run, batch, noise, times, weight)
+            _train_step(run, _next_batch(run))
             if run.step % tcfg.log_every == 0 or run.step == tcfg.steps:
                 _log_window(run, bar)
             out_of_time = time.perf_counter() > deadline
@@ -328,34 +341,61 @@ def _train(run: _Run, stop: int, log: Callable[[str], None]) -> bool:
     return False
 
 
-def _next_batch(run: _Run) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor, float]:
-    """Phase batch: ``(batch on the device, flow noise, flow times, loss weight)``, every draw on the CPU
-    generator. In a data-parallel run the whole global batch is drawn and this rank's slice kept (the module
-    docstring); the weight (world size x this slice's share of the loss's normaliser) makes the mean of the
-    ranks' losses the global batch's loss. 1.0 in one process."""
+@dataclass
+class _Micro:
+    """One forward/backward of a step: its samples on the device, its flow draws, and the weight that makes
+    the sum of the weighted micro-batch losses, averaged over the ranks, the global batch's loss."""
+
+    batch: dict[str, torch.Tensor]
+    noise: torch.Tensor
+    times: torch.Tensor
+    weight: float
+
+
+def _next_batch(run: _Run) -> list[_Micro]:
+    """Phase batch: the global batch, every draw on the CPU generator, cut into this rank's
+    ``train.grad_accum`` micro-batches. In a data-parallel run the whole global batch is drawn and this
+    rank's slice kept (the module docstring). Each part's weight is world size x its share of the global
+    batch's loss normaliser, so the weighted losses sum, and average over ranks, to the global batch's
+    loss: the same step as one process taking the whole batch at once (1.0 for one part in one process)."""
     config, generator = run.config, run.generator
     batch = run.data.batch(run.sampler.next_indices(), config.augment, generator, config.model.text_buckets)
     noise = torch.randn(batch["actions"].shape, generator=generator)  # CPU draws: same on any device
     times = run.adapter.sample_time(run.model, noise.shape[0], generator)
-    weight = 1.0
-    if run.world.distributed:
-        lo, hi = shard_range(noise.shape[0], run.world)
-        total = run.data.loss_mass(batch)
-        batch, noise, times = run.data.shard_batch(batch, lo, hi), noise[lo:hi], times[lo:hi]
-        weight = run.world.world_size * run.data.loss_mass(batch) / max(total, 1e-12)
-    batch = {k: v.to(run.device, non_blocking=True) for k, v in batch.items()}
-    return batch, noise.to(run.device), times.to(run.device), weight
+    world, parts = run.world, config.train.grad_accum
+    if not world.distributed and parts == 1:
+        return [_Micro(_to(batch, run.device), noise.to(run.device), times.to(run.device), 1.0)]
+    total = run.data.loss_mass(batch)
+    lo, hi = shard_range(noise.shape[0], world)
+    per = (hi - lo) // parts
+    micro = []
+    for i in range(parts):
+        a, b = lo + i * per, lo + (i + 1) * per
+        part = run.data.shard_batch(batch, a, b)
+        weight = world.world_size * run.data.loss_mass(part) / max(total, 1e-12)
+        micro.append(_Micro(_to(part, run.device), noise[a:b].to(run.device), times[a:b].to(run.device), weight))
+    return micro
 
 
-def _train_step(
-    run: _Run, batch: dict[str, torch.Tensor], noise: torch.Tensor, times: torch.Tensor, weight: float = 1.0
-) -> None:
-    """Phase loss + update: one optimizer and schedule step (and the EMA's); adds to the window."""
-    loss = run.adapter.flow_loss(run.model, batch, noise, times)
-    if weight != 1.0:
-        loss = loss * weight
+def _to(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _train_step(run: _Run, micro: list[_Micro]) -> None:
+    """Phase loss + update: the micro-batches' forward and backward (``train.precision``'s autocast), one
+    optimizer and schedule step (and the EMA's); adds to the window."""
     run.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    autocast = run.config.train.precision == "bf16"
+    loss_sum = 0.0
+    for i, part in enumerate(micro):
+        if run.sharded:  # FSDP reduce-scatters the gradients once, after the last micro-batch
+            cast(Any, run.model).set_requires_gradient_sync(i == len(micro) - 1)
+        with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = run.adapter.flow_loss(run.model, part.batch, part.noise, part.times)
+        if part.weight != 1.0:
+            loss = loss * part.weight
+        loss.backward()
+        loss_sum += float(loss.detach())
     # FSDP averages the sharded gradients while it reduce-scatters them; the rest are averaged here
     average_gradients(fsdp.replicated_params(run.model) if run.sharded else run.model.parameters(), run.world)
     grad_norm = _clip(run.model, run.config.optim.grad_clip)
@@ -364,7 +404,7 @@ def _train_step(
     if run.ema is not None:
         run.ema.update(run.model)
     run.step += 1
-    loss_value = mean_over_ranks(float(loss.detach()), run.world)
+    loss_value = mean_over_ranks(loss_sum, run.world)
     if not math.isfinite(loss_value):
         raise FloatingPointError(f"step {run.step}: loss is {loss_value}; lower optim.lr or check the data")
     run.window.add({"loss": loss_value, "grad_norm": grad_norm})
@@ -397,13 +437,14 @@ def _checkpoint(run: _Run) -> None:
         weights, optimizer = fsdp.full_state(run.model, run.optimizer)
     elif run.world.is_main and not sharded_format:
         weights, optimizer = run.model.state_dict(), run.optimizer.state_dict()
+    ema = run.ema.state_dict() if run.ema is not None else None  # gathered from the shards under FSDP
     if not run.world.is_main and not sharded_format:
         return
     wall = run.wall_s(time.perf_counter())
     state: dict[str, Any] = {
         "optimizer": optimizer,
         "scheduler": run.scheduler.state_dict(),
-        "ema": run.ema.state_dict() if run.ema is not None else None,
+        "ema": ema,
         "sampler": run.sampler.state_dict(),
         "generator": run.generator.get_state(),
         "rng": capture_rng_state(),
@@ -425,20 +466,20 @@ def _checkpoint(run: _Run) -> None:
 def _evaluate(run: _Run) -> None:
     """Phase eval (``eval.initial`` at step 0, every ``eval.every`` steps): the servable policy on the eval
     suite, on rank 0."""
-    step, whole = run.step, run.whole_model()
+    step, whole, ema = run.step, run.whole_model(), run.whole_ema()
     if whole is None:
         return
     folder = run.out / "eval" / f"step_{step:06d}"
-    results = evaluate_policy(run.servable(whole), run.config.eval, folder, f"sft:step{step}")
+    results = evaluate_policy(run.servable(whole, ema), run.config.eval, folder, f"sft:step{step}")
     run.logger.log(step, {"eval_success": results["totals"]["success_rate"]})
 
 
 def _export_and_evaluate(run: _Run, result: SFTResult, log: Callable[[str], None]) -> None:
     """Phase export: ``final/`` (a servable policy folder), the learning curve and the final evaluation."""
-    config, out, whole = run.config, run.out, run.whole_model()
+    config, out, whole, ema = run.config, run.out, run.whole_model(), run.whole_ema()
     if whole is None:  # not rank 0
         return
-    policy = run.servable(whole)
+    policy = run.servable(whole, ema)
     result.final_dir = export_policy(policy, out / "final", source=f"sft:{config.name}:step{run.step}")
     log(f"final policy: {result.final_dir} (training {result.total_train_wall_s / 60:.1f} min)")
     if config.output.plot:

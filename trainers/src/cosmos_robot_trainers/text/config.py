@@ -74,15 +74,18 @@ class TextTrainConfig(LoopConfig):
 
     batch_size: int = Field(default=8, ge=1)  # rows per step (packed rows, or conversations without packing)
     dtype: Literal["float32", "bfloat16"] = "float32"
-    fsdp: bool = False  # data-parallel text SFT: shard parameters, gradients and AdamW state (FSDP2; float32)
+    fsdp: bool = False  # data-parallel text training: shard parameters, gradients and AdamW state (FSDP2)
     # "sharded": every rank writes its own shards of model and AdamW state (torch.distributed.checkpoint)
     # instead of gathering them on rank 0; resumable at any world size, sharded or not; final/ stays an HF folder
     checkpoint_format: Literal["whole", "sharded"] = "whole"
 
     @model_validator(mode="after")
-    def _fsdp_precision(self) -> TextTrainConfig:
-        if self.fsdp and self.dtype != "float32":
-            raise ValueError("train.fsdp shards float32 models; with train.dtype = 'bfloat16' it is not built yet")
+    def _sharded_precision(self) -> TextTrainConfig:
+        if self.checkpoint_format == "sharded" and self.dtype != "float32":
+            raise ValueError(
+                "train.checkpoint_format = 'sharded' writes float32 models' shards; a bfloat16 run keeps float32 "
+                "master weights beside its model, which it saves whole: use checkpoint_format = 'whole'"
+            )
         return self
 
 

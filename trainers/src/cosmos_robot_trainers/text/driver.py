@@ -110,9 +110,13 @@ class TextRun:
         self.lm: CausalLM = load_lm(config.init, config.model, tcfg.dtype, tcfg.device)
         broadcast_parameters(self.lm.model, self.world)
         self.sharded = self.world.distributed and tcfg.fsdp
-        if self.sharded:
-            fsdp.shard_model(self.lm.model)
-            self.log(f"fsdp: parameters, gradients and AdamW state sharded over {self.world.world_size} processes")
+        self.half = torch.float32 if tcfg.dtype == "float32" else getattr(torch, tcfg.dtype)
+        if self.sharded:  # a bf16 model's shards are float32 masters, computed in bf16 (common/fsdp.py)
+            fsdp.shard_model(self.lm.model, compute_dtype=self.half)
+            mixed = f"; float32 masters computed in {tcfg.dtype}" if self.half != torch.float32 else ""
+            self.log(
+                f"fsdp: parameters, gradients and AdamW state sharded over {self.world.world_size} processes{mixed}"
+            )
         elif tcfg.fsdp:
             self.log("train.fsdp shards over data-parallel processes (--nproc N); this run keeps whole tensors")
         if self.world.distributed and config.trainer == "text_sft":
@@ -127,6 +131,11 @@ class TextRun:
         install_router_aux_loss(self.lm.model)  # MoE: the router balancing loss joins training forwards
         self.optimizer, self.scheduler = build_text_optimizer(self.lm.model, config.optim, tcfg.steps)
         self.start, self.prior_wall = 0, 0.0
+
+    @property
+    def mixed(self) -> bool:
+        """FSDP in mixed precision: float32 shards computed in ``train.dtype``."""
+        return self.sharded and self.half != torch.float32
 
     def whole_lm(self) -> CausalLM | None:
         """The model with whole parameters on rank 0 (None elsewhere): itself, or with FSDP a fresh copy
@@ -153,7 +162,7 @@ class TextRun:
         if self.ckpt_path is None:
             return
         self.start, saved = restore_text_state(
-            self.ckpt_path, self.lm.model, self.optimizer, self.scheduler, sharded=self.sharded
+            self.ckpt_path, self.lm.model, self.optimizer, self.scheduler, sharded=self.sharded, mixed=self.mixed
         )
         self.prior_wall = float(saved.get("train_wall_s", 0.0))
         if load_extra is not None:
@@ -171,6 +180,8 @@ class TextRun:
             )  # fmt: skip
             return
         gathered = fsdp.full_state(model, self.optimizer) if self.sharded else None
+        if gathered is not None and self.mixed:  # the one-process bf16 run's form (MasterWeights)
+            gathered = fsdp.as_master_checkpoint(model, *gathered, self.half)
         if self.world.is_main:
             save_text_state(
                 self.out, step, model, self.optimizer, self.scheduler, extra, tcfg.keep_checkpoints, info, gathered

@@ -68,18 +68,27 @@ def save_text_state(
 
 
 def restore_text_state(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, sharded: bool = False
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    sharded: bool = False,
+    mixed: bool = False,
 ) -> tuple[int, dict[str, Any]]:
-    """Load ``path`` into the objects (``sharded``: into FSDP shards); ``(step, the whole saved state)`` for
-    the trainer's own fields. A sharded checkpoint (``train.checkpoint_format``) is read by every rank,
-    whatever the world size and sharding that wrote it."""
+    """Load ``path`` into the objects (``sharded``: into FSDP shards; ``mixed``: float32 shards of a bf16
+    run, from the one-process run's master weights); ``(step, the whole saved state)`` for the trainer's
+    own fields. A sharded checkpoint (``train.checkpoint_format``) is read by every rank, whatever the
+    world size and sharding that wrote it."""
     ck = load_checkpoint(path)
     if ck.sharded is not None:
         load_sharded_into(ck.sharded, model, optimizer)
     elif sharded:
         from cosmos_robot_trainers.common import fsdp
 
-        fsdp.load_full_state(model, optimizer, ck.model, ck.state["optimizer"])
+        weights, optim_sd = ck.model, ck.state["optimizer"]
+        if mixed:
+            weights, optim_sd = fsdp.from_master_checkpoint(model, weights, optim_sd)
+        fsdp.load_full_state(model, optimizer, weights, optim_sd)
     else:
         model.load_state_dict(ck.model)
         optimizer.load_state_dict(ck.state["optimizer"])
