@@ -4,6 +4,7 @@ refuses what it should; plus the pieces (schedule, sampler, augmentation, checkp
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -80,6 +81,28 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(demo_root: Path, tm
         assert {k: ra[k] for k in DETERMINISTIC} == {k: rb[k] for k in DETERMINISTIC}, (ra, rb)
     wa, wb = (load_file(str(p / "final" / "model.safetensors")) for p in (tmp_path / "whole", tmp_path / "split"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def _losses(out: Path) -> list[tuple[float, float]]:
+    return [(r["loss"], r["grad_norm"]) for r in read_metrics(out) if "loss" in r]
+
+
+def test_grad_accum_takes_the_same_steps_and_bf16_autocasts(demo_root: Path, tmp_path: Path) -> None:
+    """``train.grad_accum`` micro-batches, each weighted by its share of the loss's normaliser, sum to the
+    whole batch's gradient; ``train.precision = "bf16"`` changes the arithmetic (autocast), not the run."""
+    sets = ("train.steps=6", "train.log_every=1", "train.ckpt_every=3", "eval.final=false")
+    base = _losses(run_sft(debug_config(demo_root, tmp_path / "a1", *sets), log=quiet).out_dir)
+    accum = _losses(run_sft(debug_config(demo_root, tmp_path / "a4", *sets, "train.grad_accum=4"), log=quiet).out_dir)
+    assert len(base) == len(accum) == 6
+    for (loss_a, grad_a), (loss_b, grad_b) in zip(base, accum, strict=True):
+        assert abs(loss_a - loss_b) < 1e-5 and abs(grad_a - grad_b) < 1e-5
+    bf16 = run_sft(debug_config(demo_root, tmp_path / "bf16", *sets, 'train.precision="bf16"'), log=quiet)
+    half = _losses(bf16.out_dir)
+    assert all(math.isfinite(loss) for loss, _ in half)
+    assert 0 < max(abs(a[0] - b[0]) for a, b in zip(base, half, strict=True)) < 1e-2  # bf16 matmuls: close, not equal
+    assert (bf16.out_dir / "final" / "model.safetensors").is_file()
+    tensors = load_file(bf16.out_dir / "final" / "model.safetensors")
+    assert all(t.dtype == torch.float32 for t in tensors.values())  # float32 masters are what is saved
 
 
 def test_resume_from_a_checkpoint_step_after_a_crash_past_it(demo_root: Path, tmp_path: Path) -> None:

@@ -43,8 +43,14 @@ __all__ = [
 FORWARD_METHODS = ("flow_loss",)
 
 
-def shard_model(model: nn.Module, compute_dtype: torch.dtype | None = None) -> nn.Module:
+def shard_model(
+    model: nn.Module, compute_dtype: torch.dtype | None = None, units: list[nn.Module] | None = None
+) -> nn.Module:
     """``fully_shard`` each block of the model's ModuleList stacks, then the model (in place; returned).
+
+    ``units``: the modules to shard instead of the stacks' blocks, for a family whose code does not call its
+    blocks' ``forward`` (FSDP gathers a unit's parameters in its forward hooks): the modules it does call.
+    Parameters outside every unit belong to the model's root unit, gathered for the whole loss.
 
     ``compute_dtype`` (bfloat16): the model is made float32 first, so its shards are the master weights;
     forward and backward run on ``compute_dtype`` copies and the gradients are reduced in float32."""
@@ -55,11 +61,16 @@ def shard_model(model: nn.Module, compute_dtype: torch.dtype | None = None) -> n
         model.float()
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     scalars = {p for p in model.parameters() if p.dim() == 0}  # fully_shard refuses 0-d parameters
-    for module in reversed(list(model.modules())):  # inner stacks first: FSDP nests bottom-up
-        if isinstance(module, nn.ModuleList):
-            for block in module:
-                if any(True for _ in block.parameters()):
-                    fully_shard(block, ignored_params=scalars, **kw)
+    if units is None:
+        units = [
+            block
+            for module in reversed(list(model.modules()))  # inner stacks first: FSDP nests bottom-up
+            if isinstance(module, nn.ModuleList)
+            for block in module
+        ]
+    for unit in units:
+        if any(True for _ in unit.parameters()):
+            fully_shard(unit, ignored_params=scalars, **kw)
     fully_shard(model, ignored_params=scalars, **kw)
     for name in FORWARD_METHODS:
         if callable(getattr(model, name, None)):

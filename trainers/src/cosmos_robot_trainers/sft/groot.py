@@ -363,6 +363,8 @@ class Gr00tSFTModel(nn.Module):
 class Gr00tSFTAdapter:
     """``SFTAdapter`` of the groot family (see the module docstring)."""
 
+    supports_fsdp = True  # the head's DiT blocks are the units; fresh_model reloads the folder for export
+
     def __init__(self) -> None:
         self.base: Gr00tPolicy | None = None
         self.pre: Any = None
@@ -370,6 +372,7 @@ class Gr00tSFTAdapter:
         self.data: Gr00tTrainData | None = None
         self.embodiment = ""
         self.saved_embodiment = ""
+        self.init: Path | None = None
 
     def load_base(self, config: SFTConfig, init: Path | None) -> None:
         if init is None:
@@ -429,6 +432,8 @@ class Gr00tSFTAdapter:
             return base.preprocessor, base.postprocessor
         cfg = copy.deepcopy(base.policy.config)
         cfg.embodiment_tag = self.embodiment
+        if self.init is None:
+            raise RuntimeError("Gr00tSFTAdapter: load_base was not called")
         saved = json.loads((self.init / "policy_preprocessor.json").read_text())
         vlm = next(s for s in saved["steps"] if s.get("registry_name") == "groot_n1_7_vlm_encode_v1")
         dataset_stats = {
@@ -453,7 +458,15 @@ class Gr00tSFTAdapter:
         return pre, post
 
     def build_model(self, config: SFTConfig, device: torch.device) -> nn.Module:
-        base = self._base()
+        return self._wrap(self._base(), config, device)
+
+    def fresh_model(self, config: SFTConfig, device: torch.device) -> nn.Module:
+        """A head of its own (not the base's, which FSDP shards): the init folder loaded again."""
+        if self.init is None:
+            raise RuntimeError("Gr00tSFTAdapter: load_base was not called")
+        return self._wrap(Gr00tPolicy.from_pretrained(self.init, device=str(device), cuda_graphs=False), config, device)
+
+    def _wrap(self, base: Gr00tPolicy, config: SFTConfig, device: torch.device) -> nn.Module:
         cfg = base.policy.config
         default = tuple(
             p for p, on in zip(TUNE_PARTS, (cfg.tune_projector, cfg.tune_diffusion_model, cfg.tune_vlln)) if on

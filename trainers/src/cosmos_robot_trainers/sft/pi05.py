@@ -172,14 +172,39 @@ def build_pi05_policy(
 class Pi05SFTAdapter:
     """``SFTAdapter`` of the pi05 family: fine-tune the ``init`` folder (see the module docstring)."""
 
+    supports_fsdp = True  # fresh_model reloads the init folder: a whole copy for export beside the shards
+
     def __init__(self) -> None:
         self.base: Pi05Policy | None = None
+        self.init: Path | None = None
 
     def load_base(self, config: SFTConfig, init: Path | None) -> None:
         refuse_finetune(config, "pi05")
         if init is None:
             raise CheckpointError("init: pi05 SFT fine-tunes a pi05 checkpoint folder; set init")
         self.base = Pi05Policy.from_pretrained(init, device=config.train.device, cuda_graphs=False)
+        self.init = Path(init)
+
+    def fresh_model(self, config: SFTConfig, device: torch.device) -> nn.Module:
+        """A model of its own (not over the base's modules, which FSDP shards): the init folder loaded again."""
+        if self.init is None:
+            raise RuntimeError("Pi05SFTAdapter: load_base was not called")
+        policy = Pi05Policy.from_pretrained(self.init, device=str(device), cuda_graphs=False)
+        return Pi05SFTModel(policy.model, policy.action_dim).to(device)
+
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        """What FSDP shards: the vision layers, and in both Gemma stacks each projection and MLP. The joint
+        attention calls a Gemma layer's parts, never the layer's ``forward``, so the layer cannot be a
+        unit; the norms (read outside their ``forward`` by the expert's modulation) and the token table
+        (read as a tensor by ``embed_prefix``) stay in the root unit, gathered for the whole loss."""
+        pi05 = _pi05(model).pi05
+        vision = pi05.paligemma_with_expert.paligemma.model.vision_tower.vision_model
+        units: list[nn.Module] = list(vision.encoder.layers)
+        for stack in (pi05._vlm, pi05._expert):
+            for layer in stack.blocks():
+                attn = layer.self_attn
+                units += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp]
+        return units
 
     def _base(self) -> Pi05Policy:
         if self.base is None:

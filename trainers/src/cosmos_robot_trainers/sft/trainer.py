@@ -160,7 +160,8 @@ class _Run:
         # on the CPU, with the random state put back after the build: checkpoints save it, and rank 0's must
         # stay the other ranks' (a resume is exact only then)
         with torch.random.fork_rng(devices=[]):
-            whole = self.adapter.build_model(self.config, torch.device("cpu"))
+            fresh = getattr(self.adapter, "fresh_model", self.adapter.build_model)  # not over sharded modules
+            whole = fresh(self.config, torch.device("cpu"))
         whole.load_state_dict(state)
         return whole
 
@@ -265,10 +266,11 @@ def _setup(
     if world.distributed and tcfg.fsdp:
         if not getattr(adapter, "supports_fsdp", False):
             raise ConfigError(
-                f"train.fsdp: the {type(adapter).__name__} family wraps its base checkpoint's own modules, which "
-                "FSDP cannot rebuild whole for export yet; use data parallelism without train.fsdp"
+                f"train.fsdp: the {type(adapter).__name__} family cannot be sharded yet (it names no FSDP units "
+                "or cannot rebuild a whole copy for export); use data parallelism without train.fsdp"
             )
-        fsdp.shard_model(model)
+        units = adapter.fsdp_units(model) if hasattr(adapter, "fsdp_units") else None
+        fsdp.shard_model(model, units=units)
         whole = sum(p.numel() for p in fsdp.replicated_params(model))
         log(f"fsdp: parameters, gradients and AdamW state sharded over {world.world_size} processes ({whole} whole)")
     elif tcfg.fsdp:

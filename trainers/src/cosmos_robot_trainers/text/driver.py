@@ -92,6 +92,13 @@ class TextRun:
             raise ConfigError(
                 f"train.batch_size={tcfg.batch_size} is not divisible by the {self.world.world_size} training processes"
             )
+        if self.world.distributed and tcfg.fsdp and config.trainer != "text_sft":
+            # rollouts and scoring on shards would need every rank to run the same number of forwards
+            # (generation lengths and micro-batch counts differ per rank): not built
+            raise ConfigError(
+                f"train.fsdp: the {config.trainer} trainer replicates its model (data parallel); FSDP shards "
+                "text_sft only. Unset train.fsdp"
+            )
         prompts = getattr(getattr(config, "rollout", None), "prompts_per_iter", None)
         if self.world.distributed and prompts is not None and prompts % self.world.world_size:
             raise ConfigError(
