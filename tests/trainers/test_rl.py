@@ -357,6 +357,56 @@ def test_ray_rollout_workers_are_placed_in_a_placement_group_and_a_missing_gpu_i
         run_rl(gpu, log=quiet)
 
 
+@pytest.mark.slow
+def test_collective_weight_sync_gives_the_object_store_run(tmp_path: Path) -> None:
+    """``rollout.weight_sync = "collective"``: the learner broadcasts its weights to its 2 Ray rollout
+    workers in a gloo group of their own, received in place: every actor then holds the learner's state
+    exactly, and a 3-iteration run (iteration 3 samples from weights iteration 2 trained) is the
+    object-store run's."""
+    pytest.importorskip("ray")
+    from cosmos_robot.policies.init_source import resolve_init
+    from cosmos_robot_trainers.rl.policies import load_rl_adapter
+    from cosmos_robot_trainers.rl.workers import RayRollouts
+
+    config = debug_config("grpo", tmp_path / "direct", "rollout.num_workers=2", 'rollout.weight_sync="collective"')
+    policy = load_rl_adapter(resolve_init(config.init), torch.device("cpu"), noise_level=config.rollout.noise_level)
+    rollouts = RayRollouts(config)
+    try:
+        with torch.no_grad():
+            for i, p in enumerate(policy.model.parameters()):
+                p.add_(0.01 * (i + 1))
+        rollouts.sync(policy.model)
+        held = rollouts.ray.get(
+            [
+                a.__ray_call__.remote(lambda w: {k: v.clone() for k, v in w.worker.policy.model.state_dict().items()})
+                for a in rollouts.actors
+            ]
+        )
+    finally:
+        rollouts.close()
+    mine = policy.model.state_dict()
+    for state in held:
+        assert state.keys() == mine.keys() and all(torch.equal(state[k], mine[k]) for k in mine)
+    runs = {}
+    for mode in ("object_store", "collective"):
+        sets = ("rollout.num_workers=2", f'rollout.weight_sync="{mode}"', "train.iterations=3")
+        assert run_rl(debug_config("grpo", tmp_path / mode, *sets), log=quiet).finished
+        runs[mode] = [deterministic(r) for r in read_metrics(tmp_path / mode)]
+    assert len(runs["collective"]) == 3 and runs["collective"] == runs["object_store"]
+
+
+def test_weight_sync_names_the_first_tensor_an_actor_disagrees_on() -> None:
+    from cosmos_robot_trainers.common.weight_sync import check_manifests, state_manifest
+
+    learner = state_manifest({"a.weight": torch.zeros(2, 3), "a.bias": torch.zeros(2)})
+    check_manifests(learner, [learner, [list(e) for e in learner]])  # a JSON round trip is the same manifest
+    other = state_manifest({"a.weight": torch.zeros(2, 4), "a.bias": torch.zeros(2)})
+    with pytest.raises(ValueError, match=r"actor 2 holds \('a.weight', \(2, 4\), 'float32'\) where the learner"):
+        check_manifests(learner, [learner, other])
+    with pytest.raises(ValueError, match="rollout actor 1 holds 1 tensors, the learner 2"):
+        check_manifests(learner, [learner[:1]])
+
+
 def test_progress_shaping_telescopes_per_episode() -> None:
     """With shaping c, an episode's rewards sum to success + c * (phi_last - phi_first), within [-c, c] of it."""
     config = debug_config("joint_ppo", Path("/x"), "env.max_steps=15", "reward.shaping_coef=2.0")

@@ -123,6 +123,10 @@ class RolloutConfig(StrictModel):
     worker_gpus: float = Field(default=0.0, ge=0)
     placement: Literal["pack", "spread", "strict_pack", "strict_spread"] = "pack"  # the group's strategy
     placement_timeout_s: float = Field(default=300.0, gt=0)  # how long to wait for the cluster to place the group
+    # how Ray rollout workers get the learner's weights each iteration: "object_store" (numpy arrays through
+    # Ray's object store) or "collective" (a broadcast in a process group of the learner and its workers:
+    # NCCL when both sides are on GPUs, gloo otherwise; common/weight_sync.py)
+    weight_sync: Literal["object_store", "collective"] = "object_store"
 
     @model_validator(mode="after")
     def _dims(self) -> RolloutConfig:
@@ -344,6 +348,7 @@ RUNTIME_FIELDS = frozenset(
         "rollout.worker_gpus",
         "rollout.placement",
         "rollout.placement_timeout_s",
+        "rollout.weight_sync",
         "env.step_timeout",
         "train.ckpt_every",
         "train.keep_checkpoints",

@@ -6,7 +6,9 @@ driver loop must not care where episodes run. In-process, the rollout worker sha
 model object, so the weight-sync phase is free. With Ray, each actor owns its own envs and a copy of
 the policy (rebuilt from the starting checkpoint folder), the episode schedule is dealt out across
 actors, and the sync phase ships the learner's weights as numpy arrays through Ray's object store
-once per iteration (``ray.put`` once, every actor reads the same object). Ray is an optional extra
+once per iteration (``ray.put`` once, every actor reads the same object), or with
+``rollout.weight_sync = "collective"`` broadcasts them in a process group of the learner and its
+actors (common/weight_sync.py: NCCL between GPUs, gloo otherwise). Ray is an optional extra
 (``pip install 'cosmos-robot-trainers[ray]'``); asking for it without it installed names the fix.
 
 Data-parallel learners (``DataParallelRollouts``, under ``torchrun`` / ``train --nproc N``): the
@@ -158,6 +160,17 @@ class _RayWorker:
     def set_weights(self, state: dict[str, np.ndarray]) -> None:
         self.worker.set_weights(state)
 
+    def join_sync(self, host: str, port: int, rank: int, size: int, backend: str) -> list[Any]:
+        """Join the learner's broadcast group (``rollout.weight_sync = "collective"``); this model's manifest."""
+        from cosmos_robot_trainers.common.weight_sync import SyncGroup, state_manifest
+
+        self.sync_group = SyncGroup(host, port, rank, size, backend)
+        return state_manifest(self.worker.policy.model.state_dict())
+
+    def receive_weights(self) -> None:
+        """The learner's broadcast, written in place into this model's parameters and buffers."""
+        self.sync_group.broadcast(list(self.worker.policy.model.state_dict().values()))
+
     def collect(self, specs: list[tuple[int, str, int, int]], seed: int) -> Rollout:
         return self.worker.collect([EpisodeSpec(*s) for s in specs], seed)
 
@@ -180,6 +193,8 @@ class RayRollouts:
         self.actors: list[Any] = [
             ray.remote(_RayWorker).options(**placements[w]).remote(data, share[w], threads) for w in range(n)
         ]
+        self.weight_sync, self.worker_gpus = config.rollout.weight_sync, config.rollout.worker_gpus
+        self.sync_group: Any = None  # "collective": built at the first sync
 
     def _place(self, config: RLConfig, n: int) -> list[dict[str, Any]]:
         """Each worker's actor options: a bundle of one placement group when ``rollout.worker_cpus`` or
@@ -219,9 +234,30 @@ class RayRollouts:
         return concat_rollouts(self.ray.get(futures))
 
     def sync(self, model: RLModel) -> None:
+        if self.weight_sync == "collective":
+            self._broadcast(model)
+            return
         state = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
         ref = self.ray.put(state)
         self.ray.get([a.set_weights.remote(ref) for a in self.actors])
+
+    def _broadcast(self, model: RLModel) -> None:
+        """``rollout.weight_sync = "collective"``: the state broadcast to every actor in place (the group
+        is formed at the first call, after the actors' manifests are checked against the learner's)."""
+        from cosmos_robot_trainers.common.weight_sync import SyncGroup, check_manifests, free_port, state_manifest
+
+        state = model.state_dict()
+        if self.sync_group is None:
+            host = self.ray.util.get_node_ip_address()
+            port, size = free_port(host), len(self.actors) + 1
+            on_gpus = self.worker_gpus > 0 and next(iter(state.values())).is_cuda
+            backend = "nccl" if on_gpus else "gloo"
+            joins = [a.join_sync.remote(host, port, w + 1, size, backend) for w, a in enumerate(self.actors)]
+            self.sync_group = SyncGroup(host, port, 0, size, backend)
+            check_manifests(state_manifest(state), self.ray.get(joins))
+        received = [a.receive_weights.remote() for a in self.actors]
+        self.sync_group.broadcast(list(state.values()))
+        self.ray.get(received)
 
     def close(self) -> None:
         try:
