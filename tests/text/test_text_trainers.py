@@ -282,3 +282,23 @@ def test_gpu_recipes_run_on_a_tiny_model_and_a_gsm8k_file(recipe: str, tmp_path:
     out = [f"output.dir={tmp_path / 'run'}", "output.tensorboard=false", "train.progress=false"]
     result = launch(recipe, [*out, *shrink], overwrite=True)
     assert result.final_dir is not None and (Path(result.final_dir) / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_a_rollout_engine_in_a_ray_actor_samples_the_in_process_engine_completions(tmp_path: Path) -> None:
+    """``rollout.placement = "ray"``: the engine runs in a Ray actor on its own copy of the model, synced
+    after every update through the object store or by a gloo broadcast; seeded sampling on the same
+    weights makes both runs the in-process run, iteration for iteration (iteration 2 samples from the
+    weights iteration 1 trained, so a missed sync shows)."""
+    pytest.importorskip("ray")
+    runs = {}
+    for name, sets in {
+        "local": (),
+        "ray": ('rollout.placement="ray"',),
+        "collective": ('rollout.placement="ray"', 'rollout.weight_sync="collective"'),
+    }.items():
+        config = _config("debug_text_grpo", tmp_path / name, "eval.final=false", *sets)
+        assert run_text_grpo(config, log=lambda _: None).finished
+        runs[name] = _records(tmp_path / name)
+    assert len(runs["local"]) == 2 and runs["local"][0]["grad_norm"] > 0
+    assert runs["ray"] == runs["local"] and runs["collective"] == runs["local"]

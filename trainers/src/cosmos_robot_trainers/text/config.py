@@ -134,6 +134,10 @@ RUNTIME_FIELDS = frozenset(
         "train.progress",
         "train.fsdp",
         "train.checkpoint_format",
+        "rollout.placement",
+        "rollout.engine_cpus",
+        "rollout.engine_gpus",
+        "rollout.weight_sync",
         "output",
         "eval",
     }
@@ -165,6 +169,14 @@ class TextRolloutConfig(StrictModel):
     max_new_tokens: int = Field(default=16, ge=1)
     temperature: float = Field(default=1.0, gt=0)  # the trainer scores log-probs at the same temperature
     top_p: float = Field(default=1.0, gt=0, le=1)
+    # where the engine runs: "local" (in the learner's process, on its model) or "ray" (a Ray actor of its own
+    # with engine_cpus / engine_gpus, holding a copy of the model synced after every update; remote_engine.py)
+    placement: Literal["local", "ray"] = "local"
+    engine_cpus: float = Field(default=1.0, gt=0)
+    engine_gpus: float = Field(default=0.0, ge=0)
+    # placement = "ray": weights to the engine actor through Ray's object store, or by a broadcast in a
+    # process group of the learner and the actor (NCCL between GPUs, gloo otherwise)
+    weight_sync: Literal["object_store", "collective"] = "object_store"
 
     def engine_options(self) -> dict[str, dict[str, Any]]:
         """Each engine's own table, for ``make_engine``."""

@@ -20,7 +20,7 @@ import torch
 
 from cosmos_robot.distributed import World
 from cosmos_robot.text.chat import prompt_ids, read_jsonl
-from cosmos_robot.text.engines import Completion, make_engine
+from cosmos_robot.text.engines import Completion
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import EpochBatchSampler
@@ -135,7 +135,7 @@ def run_text_dpo(
     run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
     lm, algo, rcfg = run.lm, config.algo, config.rollout
     ref = run.reference()
-    engine = make_engine(rcfg.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, rcfg.engine_options())
+    engine = run.rollout_engine()
     offline = load_pairs(Path(str(config.data.path)), lm.tokenizer, lm.stop_ids[0]) if config.data.path else None
     sampler = (
         EpochBatchSampler(len(offline), min(rcfg.prompts_per_iter, len(offline)), config.train.seed)

@@ -33,6 +33,7 @@ from cosmos_robot.distributed import (
     sum_over_ranks,
     world_from_env,
 )
+from cosmos_robot.text.engines import make_engine
 from cosmos_robot.text.hf import CausalLM
 from cosmos_robot.text.moe import install_router_aux_loss
 from cosmos_robot_trainers.common import (
@@ -138,11 +139,25 @@ class TextRun:
         install_router_aux_loss(self.lm.model)  # MoE: the router balancing loss joins training forwards
         self.optimizer, self.scheduler = build_text_optimizer(self.lm.model, config.optim, tcfg.steps)
         self.start, self.prior_wall = 0, 0.0
+        self.remote_engines: list[Any] = []
 
     @property
     def mixed(self) -> bool:
         """FSDP in mixed precision: float32 shards computed in ``train.dtype``."""
         return self.sharded and self.half != torch.float32
+
+    def rollout_engine(self) -> Any:
+        """The recipe's rollout engine: on this process's model (``rollout.placement = "local"``), or in a Ray
+        actor of its own holding a synced copy (``"ray"``; text/remote_engine.py)."""
+        rc = self.config.rollout
+        if rc.placement == "ray":
+            from cosmos_robot_trainers.text.remote_engine import RayEngine
+
+            engine = RayEngine(self.config, self.lm.model, self.world)
+            self.remote_engines.append(engine)
+            return engine
+        lm = self.lm
+        return make_engine(rc.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, rc.engine_options())
 
     def whole_lm(self) -> CausalLM | None:
         """The model with whole parameters on rank 0 (None elsewhere): itself, or with FSDP a fresh copy
@@ -257,6 +272,8 @@ class TextRun:
                         break
         finally:
             logger.close()
+            for engine in self.remote_engines:  # Ray engine actors end with the run
+                engine.close()
         result = TextResult(
             self.out,
             step,

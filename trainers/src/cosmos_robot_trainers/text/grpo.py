@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from cosmos_robot.distributed import World, all_gather_json, all_gather_rows, shard_range, sum_over_ranks
-from cosmos_robot.text.engines import Completion, SamplingParams, make_engine
+from cosmos_robot.text.engines import Completion, SamplingParams
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot.text.rewards import HttpReward, get_reward
 from cosmos_robot.text.tasks import TextExample, get_task, task_examples
@@ -426,9 +426,7 @@ def run_text_grpo(
     run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
     lm = run.lm
     ref = run.reference() if config.algo.kl_coef > 0 else None
-    engine = make_engine(
-        config.rollout.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, config.rollout.engine_options()
-    )
+    engine = run.rollout_engine()
     run.restore()
     rc, algo = config.rollout, config.algo
     params = sum(p.numel() for p in lm.model.parameters())

@@ -32,7 +32,6 @@ from typing import Any
 import torch
 
 from cosmos_robot.distributed import World, broadcast_parameters
-from cosmos_robot.text.engines import make_engine
 from cosmos_robot.text.hf import CausalLM
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
@@ -220,7 +219,7 @@ def run_text_opd(
     check_shared_vocabulary(lm, teacher, where=f"teacher {config.teacher.init}")
     teacher_model = teacher.model.eval().requires_grad_(False)
     broadcast_parameters(teacher_model, run.world)  # a random tiny teacher: the same on every rank
-    engine = make_engine(rc.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, rc.engine_options())
+    engine = run.rollout_engine()
     run.restore()
     how = f"JSD beta {algo.beta}" if algo.loss == "jsd" else f"sampled-token reverse KL, gamma {algo.gamma}"
     run.log(

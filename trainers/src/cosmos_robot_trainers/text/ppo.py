@@ -37,7 +37,6 @@ import torch
 
 from cosmos_robot.distributed import World, broadcast_parameters
 from cosmos_robot.policies.registry import CheckpointError
-from cosmos_robot.text.engines import make_engine
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import normalize_advantages
@@ -295,7 +294,7 @@ def run_text_ppo(
     broadcast_parameters(critic, run.world)  # the value head's random init: the same on every rank
     critic_cfg = config.optim.model_copy(update={"lr": config.critic.lr, "grad_clip": config.critic.grad_clip})
     critic_opt, critic_sched = build_text_optimizer(critic, critic_cfg, config.train.steps)
-    engine = make_engine(rc.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, rc.engine_options())
+    engine = run.rollout_engine()
 
     def load_extra(saved: dict[str, Any]) -> None:
         critic.load_state_dict(saved["critic"])
