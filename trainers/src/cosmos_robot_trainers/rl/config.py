@@ -212,6 +212,9 @@ class OptimConfig(StrictModel):
     epochs: int = Field(default=4, ge=1)  # passes over each iteration's data
     freeze_vlm: bool = False  # pi05: freeze SigLIP + the Gemma VLM (train the action expert and the value head)
     minibatch_size: int = Field(default=128, ge=1)  # decisions (dpo: episode pairs) per optimizer step
+    # rows per forward/backward: each process's part of a minibatch in micro-batches whose gradients add up
+    # to the same step (less activation memory; GSPO cuts at whole episodes); None: the whole part at once
+    micro_batch_size: int | None = Field(default=None, ge=1)
 
 
 class TrainConfig(StrictModel):

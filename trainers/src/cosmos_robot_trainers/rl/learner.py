@@ -8,9 +8,11 @@
   there and the driver refuses to continue past 1e-3 (the correctness gate).
 - ``split_half_cosine``: a health metric, no step: the cosine between the policy-loss gradients of
   one minibatch from each of two random halves of the iteration's episodes (``train.grad_cosine_every``).
-- ``optimizer_step`` (shared with ``regression.py``'s DiffusionNFT and Flow-DPO updates): backward,
-  then each parameter group clipped on its own (actor ``optim.grad_clip``, value head ``optim.critic_grad_clip``;
-  one global clip let the critic's norm shrink the actor's step), pre-clip norms logged per group.
+- ``accumulated_step`` (shared with ``regression.py``'s DiffusionNFT and Flow-DPO updates): the
+  backward of the rows' loss, in ``optim.micro_batch_size`` micro-batches each weighted by its share
+  (the gradient is the whole part's with one micro-batch's activations), then each parameter group
+  clipped on its own (actor ``optim.grad_clip``, value head ``optim.critic_grad_clip``; one global clip
+  let the critic's norm shrink the actor's step), pre-clip norms logged per group.
 
 Log-probs cover the rows ``[:replan_steps]`` and the action dims ``rollout.logprob_dims`` (the same
 set the rollout sampled with). Every function returns the mean of its per-minibatch metrics (floats).
@@ -18,7 +20,7 @@ set the rollout sampled with). Every function returns the mean of its per-miniba
 Data-parallel learners (``world``, under ``torchrun``): every rank holds the whole rollout and draws
 the same minibatches from the same generator; each takes its contiguous share of a minibatch
 (``rank_share``), weights its loss by that share so that the gradients averaged over ranks are the
-whole minibatch's (``optimizer_step``), and the metrics are combined with the same weights
+whole minibatch's (``accumulated_step``), and the metrics are combined with the same weights
 (``Means.result``). One process is the world of one, where all of this is the identity.
 """
 
@@ -44,7 +46,7 @@ __all__ = [
     "Means",
     "build_optimizer",
     "minibatches",
-    "optimizer_step",
+    "accumulated_step",
     "logprob_dims",
     "episode_split_minibatches",
     "policy_gradient",
@@ -120,20 +122,46 @@ def _group_norm(params: list[torch.nn.Parameter], clip: float | None) -> torch.T
     )
 
 
-def optimizer_step(
+def accumulated_step(
     model: RLModel,
     optimizer: torch.optim.Optimizer,
-    loss: torch.Tensor,
+    rows: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, Any]]],
     optim: OptimConfig,
     world: World | None = None,
     weight: float = 1.0,
-) -> dict[str, float]:
-    """Backward (of ``weight`` x ``loss``; gradients then averaged over data-parallel ranks), clip each
-    parameter group on its own (actor: ``optim.grad_clip``, critic = the value head:
-    ``optim.critic_grad_clip``), step; the pre-clip norms ``grad_norm_<group>`` and their combined
-    ``grad_norm``."""
+    units: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One optimizer step on ``loss_fn(rows)``, cut into ``optim.micro_batch_size`` micro-batches (whole ``units``
+    each, e.g. GSPO's episodes): each part's ``loss_fn(part)`` is weighted by its share of the rows (as
+    data-parallel ranks are, ``rank_share``) and back-propagated on its own, so the accumulated gradient
+    is that of ``loss_fn(rows)``. Returns ``(the weighted loss, metrics)``: the parts' metrics combined
+    by share (``MAX_KEYS``: the largest) and the step's gradient norms."""
+    size = optim.micro_batch_size
+    k = 1 if size is None else max(1, math.ceil(len(rows) / size))
     optimizer.zero_grad(set_to_none=True)
-    (loss * weight if weight != 1.0 else loss).backward()
+    total = torch.zeros(())
+    merged: dict[str, float] = {}
+    for i in range(k):
+        part, share = (rows, 1.0) if k == 1 else rank_share(rows, World(rank=i, world_size=k), units)
+        share /= k
+        loss, metrics = loss_fn(part)
+        scaled = loss * (weight * share) if weight * share != 1.0 else loss
+        scaled.backward()
+        total = total + float(loss.detach()) * share
+        for key, value in metrics.items():
+            v = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+            if key in MAX_KEYS:
+                merged[key] = max(merged.get(key, -math.inf), v)
+            else:
+                merged[key] = merged.get(key, 0.0) + v * share
+    return total, {**merged, **_finish_step(model, optimizer, optim, world)}
+
+
+def _finish_step(
+    model: RLModel, optimizer: torch.optim.Optimizer, optim: OptimConfig, world: World | None
+) -> dict[str, float]:
+    """Average the gradients over ranks, clip each parameter group on its own, step; the norms."""
     if world is not None:
         average_gradients(model.parameters(), world)
     clips = {"actor": optim.grad_clip, "critic": optim.critic_grad_clip}
@@ -302,9 +330,13 @@ def update_policy_gradient(
         for mb in batches:
             units = rollout.episode[mb] if sequence_ratio else None
             mine, weight = rank_share(mb, world, units)
-            loss, metrics = pg.loss(mine, train_policy=train_policy, gspo=sequence_ratio, first=first)
+
+            def loss_fn(part: torch.Tensor, first: bool = first) -> tuple[torch.Tensor, dict[str, Any]]:
+                return pg.loss(part, train_policy=train_policy, gspo=sequence_ratio, first=first)
+
+            mine_units = rollout.episode[mine] if sequence_ratio else None
+            _, metrics = accumulated_step(model, optimizer, mine, loss_fn, o, world, weight, mine_units)
             first = False
-            metrics.update(optimizer_step(model, optimizer, loss, o, world, weight))
             means.add(metrics, weight)
     return means.result(world)
 

@@ -18,6 +18,7 @@ methods' log-probs cover; rows never executed carry no evidence of the outcome.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,10 +32,10 @@ from cosmos_robot_trainers.rl.config import RLConfig
 from cosmos_robot_trainers.rl.inputs import UpdateInputs
 from cosmos_robot_trainers.rl.learner import (
     Means,
+    accumulated_step,
     episode_split_minibatches,
     logprob_dims,
     minibatches,
-    optimizer_step,
     split_half_cosine,
     split_halves,
 )
@@ -122,11 +123,14 @@ def update_nft(
         for mb in minibatches(keep_idx.repeat(algo.nft_samples), o.minibatch_size, generator):
             noise, t = _flow_draws(len(mb), model, generator)  # the whole minibatch's draws on every rank
             pos, weight = rank_share(torch.arange(len(mb)), world)
-            loss, metrics = nft_minibatch_loss(
-                model, old_model, rollout, adv.advantages, mb[pos], (noise[pos], t[pos]), mask, algo.nft_beta
-            )
-            step = optimizer_step(model, optimizer, loss, o, world, weight)
-            means.add({"nft_loss": loss, **metrics, **step}, weight)
+
+            def loss_fn(part: torch.Tensor, mb: torch.Tensor = mb, noise: Any = noise, t: Any = t) -> Any:
+                return nft_minibatch_loss(
+                    model, old_model, rollout, adv.advantages, mb[part], (noise[part], t[part]), mask, algo.nft_beta
+                )
+
+            loss, step = accumulated_step(model, optimizer, pos, loss_fn, o, world, weight)
+            means.add({"nft_loss": loss, **step}, weight)
     return means.result(world)
 
 
@@ -275,16 +279,31 @@ def _dpo_loss(
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """The minibatch loss of ``pairs`` (P, 2) under ``algo.dpo_pairing``; ``keep``: the rows of
     ``pairs`` this data-parallel rank computes (the draws are made for all of them on every rank)."""
+    return _dpo_loss_fn(model, ref_model, rollout, pairs, config, generator, mask)(
+        torch.arange(len(pairs)) if keep is None else keep
+    )
+
+
+def _dpo_loss_fn(
+    model: RLModel,
+    ref_model: RLModel,
+    rollout: Rollout,
+    pairs: torch.Tensor,
+    config: RLConfig,
+    generator: torch.Generator,
+    mask: torch.Tensor,
+) -> Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, Any]]]:
+    """The minibatch's flow draws, made now for all of ``pairs``, and the loss of any rows of it (a rank's
+    share, a micro-batch of it): the rows' draws are the same however the minibatch is cut."""
     beta = config.algo.dpo_beta
-    rows = torch.arange(len(pairs)) if keep is None else keep
     if config.algo.dpo_pairing == "first_decision":
         iw, il = dpo_decision_pairs(rollout, pairs)
         noise, t = _flow_draws(len(iw), model, generator)
-        return _decision_dpo_loss(model, ref_model, rollout, iw[rows], il[rows], (noise[rows], t[rows]), mask, beta)
+        return lambda rows: _decision_dpo_loss(
+            model, ref_model, rollout, iw[rows], il[rows], (noise[rows], t[rows]), mask, beta
+        )
     draws = trajectory_draws(rollout, pairs, model, generator)
-    if keep is not None:
-        draws = draws.select(keep)
-    return trajectory_dpo_loss(model, ref_model, rollout, draws, len(rows), mask, beta)
+    return lambda rows: trajectory_dpo_loss(model, ref_model, rollout, draws.select(rows), len(rows), mask, beta)
 
 
 def update_dpo(
@@ -310,9 +329,9 @@ def update_dpo(
     for _ in range(o.epochs):
         for mb in minibatches(rows, o.minibatch_size, generator):
             pos, weight = rank_share(torch.arange(len(mb)), world)
-            loss, metrics = _dpo_loss(model, ref_model, rollout, pairs[mb], config, generator, mask, pos)
-            step = optimizer_step(model, optimizer, loss, o, world, weight)
-            means.add({"dpo_loss": loss, **metrics, **step}, weight)
+            loss_fn = _dpo_loss_fn(model, ref_model, rollout, pairs[mb], config, generator, mask)
+            loss, step = accumulated_step(model, optimizer, pos, loss_fn, o, world, weight)
+            means.add({"dpo_loss": loss, **step}, weight)
     return means.result(world)
 
 
