@@ -267,23 +267,6 @@ def _decision_dpo_loss(
     return get_algorithm("loss", "flow_dpo")(*outs[0], *outs[1], beta=beta, mask=mask)
 
 
-def _dpo_loss(
-    model: RLModel,
-    ref_model: RLModel,
-    rollout: Rollout,
-    pairs: torch.Tensor,
-    config: RLConfig,
-    generator: torch.Generator,
-    mask: torch.Tensor,
-    keep: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, Any]]:
-    """The minibatch loss of ``pairs`` (P, 2) under ``algo.dpo_pairing``; ``keep``: the rows of
-    ``pairs`` this data-parallel rank computes (the draws are made for all of them on every rank)."""
-    return _dpo_loss_fn(model, ref_model, rollout, pairs, config, generator, mask)(
-        torch.arange(len(pairs)) if keep is None else keep
-    )
-
-
 def _dpo_loss_fn(
     model: RLModel,
     ref_model: RLModel,
@@ -349,6 +332,8 @@ def dpo_health(inp: UpdateInputs, rollout: Rollout, pairs: torch.Tensor) -> dict
     mbs = tuple(torch.nonzero(torch.isin(group_of, half)).flatten()[:size] for half in halves)
     mask = loss_mask(model, config)
     model.train()
-    return split_half_cosine(
-        model, (mbs[0], mbs[1]), lambda mb: _dpo_loss(model, ref_model, rollout, pairs[mb], config, generator, mask)[0]
-    )
+
+    def loss(mb: torch.Tensor) -> torch.Tensor:
+        return _dpo_loss_fn(model, ref_model, rollout, pairs[mb], config, generator, mask)(torch.arange(len(mb)))[0]
+
+    return split_half_cosine(model, (mbs[0], mbs[1]), loss)
