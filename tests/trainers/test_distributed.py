@@ -3,6 +3,7 @@ process on the same global batch, write one run folder, and the run resumes at a
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -79,19 +80,12 @@ def test_flow_batches_shard_their_flat_prompt_ids_at_the_offsets() -> None:
     assert data.loss_mass({"action_pad_mask": pad}) == 10.0
 
 
-# trainers still single-process (issue 22): a multi-process launch is refused, naming the ones that are not
-SINGLE_PROCESS = {"generator_sft", "generator_dpo", "generator_nft"}
-
-
 def test_every_trainer_runs_data_parallel_and_one_that_does_not_would_be_refused() -> None:
-    assert DATA_PARALLEL == set(TRAINERS) - SINGLE_PROCESS
-    for name in SINGLE_PROCESS:
-        with pytest.raises(ConfigError, match=f"trainer '{name}' runs in one process"):
-            check_world_size(name, 2)
-        check_world_size(name, 1)
+    assert DATA_PARALLEL == set(TRAINERS)
     check_world_size("text_opd", 2)
+    check_world_size("generator_nft", 2)
     check_world_size("future_trainer", 1)
-    with pytest.raises(ConfigError, match="trainer 'future_trainer' runs in one process.*built for: dpo, grpo"):
+    with pytest.raises(ConfigError, match="trainer 'future_trainer' runs in one process.*built for: dpo, generator_dpo"):
         check_world_size("future_trainer", 2)
 
 
@@ -292,6 +286,34 @@ def test_two_processes_train_the_single_process_curve_and_resume_at_one(recipe: 
     assert "resuming from" in resumed.stderr and "step_000003" in resumed.stderr
     _close(_curve(cut), curve)
     assert (cut / exported).is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["debug_generator_sft", "debug_generator_dpo", "debug_generator_nft"])
+def test_generator_trainers_train_the_single_process_curve_on_two_processes(recipe: str, tmp_path: Path) -> None:
+    """The Cosmos3 generator trainers data parallel: every rank makes the whole batch's draws and computes
+    its share (NFT: its share of the rollout's groups too, joined on every rank), weighted; rank 0 alone
+    evaluates and exports. The curve, the held-out evaluations and a resume at one process are the
+    single-process run's (gradient norms within 1e-4 relative: DPO's beta = 100 magnifies rounding)."""
+    one = _train(recipe, tmp_path / "one", "train.steps=4", "train.ckpt_every=2")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _train(recipe, tmp_path / "two", "train.steps=4", "train.ckpt_every=2", nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "data parallel: 2 processes (gloo)" in two.stderr
+    curve = _curve(tmp_path / "two")
+    assert [s for s, _, _ in curve] == [1, 2, 3, 4]
+    for (step, loss_a, grad_a), (_, loss_b, grad_b) in zip(curve, _curve(tmp_path / "one"), strict=True):
+        assert loss_a == pytest.approx(loss_b, abs=1e-5) and grad_a == pytest.approx(grad_b, rel=1e-4), step
+    evals = [(tmp_path / r / "evals.jsonl").read_text().splitlines() for r in ("one", "two")]
+    assert len(evals[0]) == 2 and [json.loads(e)["heldout_reward"] for e in evals[1]] == pytest.approx(
+        [json.loads(e)["heldout_reward"] for e in evals[0]], abs=1e-4
+    )
+    assert (tmp_path / "two" / "final" / "model_index.json").is_file()
+    cut = killed_after(tmp_path / "two", tmp_path / "resumed", 2)
+    resumed = _train(recipe, cut, "train.steps=4", "train.ckpt_every=2")
+    assert resumed.returncode == 0 and "step_000002 (step 2)" in resumed.stdout + resumed.stderr, resumed.stderr[-3000:]
+    for (_, loss_a, grad_a), (_, loss_b, grad_b) in zip(_curve(cut)[2:], curve[2:], strict=True):
+        assert loss_a == pytest.approx(loss_b, abs=1e-5) and grad_a == pytest.approx(grad_b, rel=1e-4)
 
 
 def _without_ema(tmp_path: Path) -> str:

@@ -49,7 +49,20 @@ TRAINERS: dict[str, tuple[str, str]] = {
 
 
 # trainers that run data parallel under torchrun / `train --nproc N` (cosmos_robot/distributed.py)
-DATA_PARALLEL = frozenset({"sft", "text_sft", "text_grpo", "text_ppo", "text_opd", "text_dpo", *ALGORITHMS})
+DATA_PARALLEL = frozenset(
+    {
+        "sft",
+        "text_sft",
+        "text_grpo",
+        "text_ppo",
+        "text_opd",
+        "text_dpo",
+        "generator_sft",
+        "generator_dpo",
+        "generator_nft",
+        *ALGORITHMS,
+    }
+)
 
 
 def check_world_size(name: str, world_size: int) -> None:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from cosmos_robot.distributed import barrier, mean_over_ranks
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.losses import flow_dpo_logits
 from cosmos_robot_trainers.common import EpochBatchSampler
@@ -137,11 +138,22 @@ def reference(run: GenRun, frozen: Any) -> Iterator[Any]:
         tr.enable_adapters()
 
 
-def pair_logits(run: GenRun, frozen: Any, pairs: Pairs, idx: np.ndarray, gen: torch.Generator, ids_cache: dict) -> Any:
-    """``(loss, metrics, logits (B,))`` of ``flow_dpo`` on pairs ``idx``; w and l share one ``(sigma, eps)`` draw."""
+def pair_logits(
+    run: GenRun,
+    frozen: Any,
+    pairs: Pairs,
+    idx: np.ndarray,
+    gen: torch.Generator,
+    ids_cache: dict,
+    rows: slice | None = None,
+) -> Any:
+    """``(loss, metrics, logits)`` of ``flow_dpo`` on pairs ``idx``; w and l share one ``(sigma, eps)`` draw.
+    ``rows``: the part of ``idx`` computed here (a data-parallel rank's share; the draws are made for all)."""
     win, lose = pairs.chosen[idx].to(run.gen.device), pairs.rejected[idx].to(run.gen.device)
     eps = torch.randn(win.shape, generator=gen).to(win)
     sig = draw_sigmas(len(idx), gen, run.config.train.timestep_sampling)
+    if rows is not None:
+        idx, win, lose, eps, sig = idx[rows], win[rows], lose[rows], eps[rows], sig[rows]
     xw, tw = noised(win, eps, sig)
     xl, tl = noised(lose, eps, sig)
     ids = prompt_ids(run.gen, [pairs.prompts[i] for i in idx], run.shape, ids_cache)
@@ -207,15 +219,20 @@ def run_generator_dpo(
     frozen = None
     if config.lora.rank == 0:
         frozen = copy.deepcopy(run.gen.transformer).requires_grad_(False).eval()
-    train, held = _pairs(run, config, log)
+    made = _pairs(run, config, run.log) if run.world.is_main else None  # rank 0 ranks / encodes them into
+    barrier(run.world)  # the run folder; the others read them there
+    train, held = made if made is not None else _pairs(run, config, run.log)
     sampler = EpochBatchSampler(len(train), config.train.batch_size, config.train.seed)
     run.restore(lambda extra: sampler.load_state_dict(extra["sampler"]))
     ids_cache: dict[str, list[int]] = {}
 
     def step(_: int) -> dict[str, float]:
-        loss, m, _ = pair_logits(run, frozen, train, sampler.next_indices(), run.generator, ids_cache)
-        out = {k: float(v) for k, v in m.items()}
-        return {"loss": float(loss.detach()), **out, "grad_norm": optimizer_step(run, loss)}
+        idx = sampler.next_indices()
+        rows, weight = run.share(len(idx))
+        loss, m, _ = pair_logits(run, frozen, train, idx, run.generator, ids_cache, rows)
+        norm = optimizer_step(run, loss, weight)
+        out = {k: mean_over_ranks(float(v) * weight, run.world) for k, v in {"loss": float(loss.detach()), **m}.items()}
+        return {**out, "grad_norm": norm}
 
     return run.loop(
         step,

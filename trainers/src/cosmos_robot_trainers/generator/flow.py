@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from cosmos_robot.distributed import average_gradients
+
 __all__ = ["draw_sigmas", "noised", "optimizer_step", "prompt_ids"]
 
 
@@ -41,11 +43,13 @@ def prompt_ids(gen: Any, prompts: Sequence[str], shape: Any, cache: dict[str, li
     return out
 
 
-def optimizer_step(run: Any, loss: torch.Tensor) -> float:
-    """Backward, clip (``optim.grad_clip``), AdamW step, schedule step; returns the pre-clip gradient norm."""
+def optimizer_step(run: Any, loss: torch.Tensor, weight: float = 1.0) -> float:
+    """Backward of ``weight`` x ``loss`` (a data-parallel rank's share, ``GenRun.share``), gradients averaged
+    over ranks, clip (``optim.grad_clip``), AdamW step, schedule step; returns the pre-clip gradient norm."""
     run.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    (loss * weight if weight != 1.0 else loss).backward()
     params = list(run.trainable.values())
+    average_gradients(params, run.world)
     clip = run.config.optim.grad_clip
     norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
     run.optimizer.step()

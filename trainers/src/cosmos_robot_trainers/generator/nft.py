@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos_robot.distributed import all_gather_rows, mean_over_ranks
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms import nft_optimality
 from cosmos_robot_trainers.generator.config import GenNFTConfig
@@ -40,11 +41,15 @@ def nft_minibatch_loss(
     r: torch.Tensor,
     prompts: list[str],
     ids_cache: dict[str, list[int]],
+    rows: slice | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The ``nft`` loss of one minibatch of sampled latents ``x0`` with optimality ``r`` (one (sigma, eps) draw)."""
+    """The ``nft`` loss of one minibatch of sampled latents ``x0`` with optimality ``r`` (one (sigma, eps) draw);
+    ``rows``: the part computed here (a data-parallel rank's share; the draws are made for all of it)."""
     cfg = run.config
     eps = torch.randn(x0.shape, generator=run.generator).to(x0)
     sig = draw_sigmas(len(x0), run.generator, cfg.train.timestep_sampling)
+    if rows is not None:
+        x0, eps, sig, r, prompts = x0[rows], eps[rows], sig[rows], r[rows], prompts[rows]
     x_t, target = noised(x0, eps, sig)
     ids = prompt_ids(run.gen, prompts, run.shape, ids_cache)
     v = run.gen.velocities(x_t, sig, ids, run.shape)
@@ -64,15 +69,21 @@ def nft_minibatch_loss(
 
 
 def _rollout(run: GenRun, old: Any) -> tuple[torch.Tensor, list[str], np.ndarray]:
-    """``prompts_per_iter`` x ``group_size`` samples of the old policy: latents, prompts, rewards."""
+    """``prompts_per_iter`` x ``group_size`` samples of the old policy: latents, prompts, rewards. Data
+    parallel: every rank draws the whole iteration's prompts and seeds, samples and scores its contiguous
+    share of the groups, and the shares are joined on every rank (latents and rewards as tensors)."""
     a = run.config.algo
     pick = torch.randint(len(run.prompts), (a.prompts_per_iter,), generator=run.generator).tolist()
     prompts = [run.prompts[i] for i in pick for _ in range(a.group_size)]
     seeds = torch.randint(2**31 - 1, (len(prompts),), generator=run.generator).tolist()
+    groups, _ = run.share(a.prompts_per_iter, "algo.prompts_per_iter")
+    mine = slice(groups.start * a.group_size, groups.stop * a.group_size)
     with run.gen.using(old):
-        lat = run.generate(prompts, seeds)
-    rewards = np.asarray(run.reward(run.images(lat), prompts), np.float64)
-    return lat, prompts, rewards
+        lat = run.generate(prompts[mine], seeds[mine])
+    rewards = torch.as_tensor(run.reward(run.images(lat), prompts[mine]), dtype=torch.float64)
+    lat = torch.cat([part.to(lat.device) for part in all_gather_rows(lat.contiguous(), run.world)])
+    rewards = torch.cat(all_gather_rows(rewards, run.world))
+    return lat, prompts, rewards.numpy()
 
 
 @torch.no_grad()
@@ -113,8 +124,12 @@ def run_generator_nft(
             order = torch.randperm(per_iter, generator=run.generator)
             for start in range(0, per_iter, tcfg.batch_size):
                 idx = order[start : start + tcfg.batch_size]
-                loss, m = nft_minibatch_loss(run, old, ref, lat[idx], r[idx], [prompts[i] for i in idx], ids_cache)
-                m = {"loss": float(loss.detach()), **m, "grad_norm": optimizer_step(run, loss)}
+                rows, weight = run.share(len(idx))
+                mb_prompts = [prompts[i] for i in idx]
+                loss, m = nft_minibatch_loss(run, old, ref, lat[idx], r[idx], mb_prompts, ids_cache, rows)
+                norm = optimizer_step(run, loss, weight)
+                m = {k: mean_over_ranks(v * weight, run.world) for k, v in {"loss": float(loss.detach()), **m}.items()}
+                m["grad_norm"] = norm
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + v / updates
         _ema(old, run, a.old_decay)

@@ -8,6 +8,13 @@ changed recipe), threads and seeds, AdamW and its schedule, exact resume (traine
 optimizer, schedule, RNGs, the trainer's own tensors), metrics to JSONL + TensorBoard, held-out
 evaluation, checkpoints, the wall-clock cap, and ``final/``: a diffusers pipeline folder (LoRA
 merged) that ``Cosmos3OmniPipeline.from_pretrained`` loads, plus ``report.html``.
+
+Data parallel (``cosmos-robot train RECIPE --nproc N`` / torchrun; cosmos_robot/distributed.py), as the
+robot and text trainers: every rank makes the single-process run's draws for the whole batch and
+computes its contiguous share (``share``), weighted so that the gradients averaged over ranks
+(``generator.flow.optimizer_step``) are the whole batch's; rank 0 alone owns the folder, logs,
+evaluates, checkpoints and exports (the others wait in their next collective). The checkpoint is the
+single-process one, so a run resumes at any world size.
 """
 
 from __future__ import annotations
@@ -23,9 +30,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos_robot.config import ConfigError
+from cosmos_robot.distributed import (
+    World,
+    any_rank,
+    barrier,
+    broadcast_parameters,
+    broadcast_text,
+    shard_range,
+    world_from_env,
+)
 from cosmos_robot.generation.cosmos3 import Cosmos3Generator, GenShape
 from cosmos_robot_trainers.common import (
     MetricsLogger,
+    NullMetricsLogger,
     TrainProgress,
     capture_rng_state,
     configure_torch,
@@ -126,14 +144,23 @@ class GenRun:
         self, config: Any, *, resume: bool, overwrite: bool, log: Callable[[str], None], updates_per_step: int = 1
     ) -> None:
         tcfg = config.train
-        self.config, self.log = config, log
+        self.world: World = world_from_env(tcfg.device)
+        if self.world.distributed and tcfg.batch_size % self.world.world_size:
+            raise ConfigError(
+                f"train.batch_size={tcfg.batch_size} is not divisible by the {self.world.world_size} training processes"
+            )
+        self.config, self.log = config, (log if self.world.is_main else _quiet)
         self.out = Path(config.output.dir)
-        self.ckpt_path = _rundir.prepare_run_dir(
-            config, self.out, GENERATOR_RUNTIME_FIELDS, resume=resume, overwrite=overwrite
-        )
+        ckpt = None
+        if self.world.is_main:
+            fields = GENERATOR_RUNTIME_FIELDS
+            ckpt = _rundir.prepare_run_dir(config, self.out, fields, resume=resume, overwrite=overwrite)
+            resolve_init(config.init, log)  # a tiny pipeline is built once, by rank 0
+        shared = broadcast_text(str(ckpt) if ckpt is not None else None, self.world)
+        self.ckpt_path = Path(shared) if shared is not None else None
         configure_torch(tcfg.num_threads, tcfg.deterministic)
         seed_everything(tcfg.seed)
-        self.gen = Cosmos3Generator.from_pretrained(resolve_init(config.init, log), tcfg.device)
+        self.gen = Cosmos3Generator.from_pretrained(resolve_init(config.init, self.log), tcfg.device)
         self.shape = GenShape(config.shape.num_frames, config.shape.height, config.shape.width, config.shape.fps)
         self.gen.pipe.vae.requires_grad_(False)
         tr = self.gen.transformer
@@ -141,6 +168,10 @@ class GenRun:
             tr.requires_grad_(False)
             _apply_lora(tr, config.lora.rank, config.lora.alpha, config.lora.targets)
         tr.train()
+        broadcast_parameters(tr, self.world)
+        if self.world.distributed:
+            ws, per = self.world.world_size, tcfg.batch_size // self.world.world_size
+            self.log(f"data parallel: {ws} processes ({self.world.backend}), {per} samples of each batch per process")
         self.trainable = {n: p for n, p in tr.named_parameters() if p.requires_grad}
         groups = [{"params": list(self.trainable.values()), "weight_decay": config.optim.weight_decay}]
         self.optimizer, self.scheduler = build_optimizer(tr, config.optim, tcfg.steps * updates_per_step, groups=groups)
@@ -150,6 +181,15 @@ class GenRun:
         self.generator = torch.Generator().manual_seed(tcfg.seed)  # the trainer's own draws (t, eps, order)
         self.start, self.prior_wall = 0, 0.0
         self.evals: list[dict[str, Any]] = []
+
+    # --- data parallelism ------------------------------------------------------------------------------
+    def share(self, total: int, what: str = "train.batch_size") -> tuple[slice, float]:
+        """This rank's contiguous rows of a batch of ``total`` equal-sized samples and its loss weight (world
+        size x its share): the mean over ranks of the weighted losses is the whole batch's mean loss."""
+        if not self.world.distributed:
+            return slice(0, total), 1.0
+        lo, hi = shard_range(total, self.world, what)
+        return slice(lo, hi), self.world.world_size * (hi - lo) / total
 
     # --- state ---------------------------------------------------------------------------------------
     def trained_state(self) -> dict[str, torch.Tensor]:
@@ -176,6 +216,8 @@ class GenRun:
         self.log(f"resumed from {self.ckpt_path} (step {ck.step})")
 
     def save(self, step: int, wall_s: float, extra: dict[str, Any]) -> None:
+        if not self.world.is_main:  # the same state on every rank: rank 0 writes it
+            return
         state = {
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
@@ -207,7 +249,10 @@ class GenRun:
         return to_uint8(self.gen.decode(latents))
 
     def evaluate(self, step: int, extra: Callable[[], dict[str, float]] | None = None) -> dict[str, float]:
-        """Mean reward of held-out prompts' generations (fixed noise seeds), plus the trainer's own numbers."""
+        """Mean reward of held-out prompts' generations (fixed noise seeds), plus the trainer's own numbers;
+        on rank 0 (``{}`` elsewhere)."""
+        if not self.world.is_main:
+            return {}
         seeds = [self.config.eval.seed * 100_003 + i for i in range(len(self.heldout))]
         imgs = self.images(self.generate(self.heldout, seeds))
         scores = np.asarray(self.reward(imgs, self.heldout), np.float64)
@@ -234,14 +279,18 @@ class GenRun:
     ) -> GenResult:
         """Steps ``start + 1 ..`` of ``step_fn``; ``stop_at_step`` ends after that step's checkpoint as a
         killed run would (tests of exact resume)."""
-        cfg, tcfg = self.config, self.config.train
-        metrics = MetricsLogger(self.out, resume_step=self.start, tensorboard=cfg.output.tensorboard)
+        cfg, tcfg, main = self.config, self.config.train, self.world.is_main
+        if main:
+            metrics = MetricsLogger(self.out, resume_step=self.start, tensorboard=cfg.output.tensorboard)
+        else:
+            metrics = NullMetricsLogger()
         if self.start == 0 and cfg.eval.initial and not self.evals:
             metrics.log(0, {f"eval/{k}": v for k, v in self.evaluate(0, extra_eval).items() if k != "step"})
         begin, step, last, finished, by_clock = time.monotonic(), self.start, {}, True, False
         window: list[dict[str, float]] = []
         try:
-            with TrainProgress(tcfg.steps, start=self.start, description=cfg.trainer, enabled=tcfg.progress) as bar:
+            show = tcfg.progress and main
+            with TrainProgress(tcfg.steps, start=self.start, description=cfg.trainer, enabled=show) as bar:
                 for step in range(self.start + 1, tcfg.steps + 1):
                     window.append(step_fn(step))
                     if step % tcfg.log_every == 0 or step == tcfg.steps:
@@ -261,7 +310,10 @@ class GenRun:
                         self.save(step, wall, extra_state())
                         finished = False
                         break
-                    if tcfg.max_wall_minutes is not None and wall >= tcfg.max_wall_minutes * 60 and step < tcfg.steps:
+                    out_of_time = tcfg.max_wall_minutes is not None and wall >= tcfg.max_wall_minutes * 60
+                    if tcfg.max_wall_minutes is not None:  # every rank stops at the same step
+                        out_of_time = any_rank(out_of_time, self.world)
+                    if out_of_time and step < tcfg.steps:
                         self.log(f"train.max_wall_minutes={tcfg.max_wall_minutes} reached at step {step}; "
                                  "evaluating and exporting what we have")  # fmt: skip
                         self.save(step, wall, extra_state())
@@ -286,6 +338,9 @@ class GenRun:
 
         cfg = self.config
         wall = self.prior_wall + time.monotonic() - begin
+        if not self.world.is_main:  # rank 0 evaluates and exports
+            barrier(self.world)
+            return GenResult(self.out, step, finished and not by_clock, None, None, wall, last)
         final_dir = None
         export = finished or by_clock
         if export and cfg.eval.final and (not self.evals or self.evals[-1]["step"] != step):
@@ -312,12 +367,17 @@ class GenRun:
         first = {k: v for k, v in self.evals[0].items() if k != "scores"} if self.evals else {}
         final = {k: v for k, v in self.evals[-1].items() if k != "scores"} if self.evals else {}
         resumed = None if self.ckpt_path is None else self.start
+        barrier(self.world)
         return GenResult(self.out, step, finished and not by_clock, resumed, final_dir, wall, last, first, final)
 
     def _write_evals(self) -> None:
         with (self.out / "evals.jsonl").open("w") as fh:
             for e in self.evals:
                 fh.write(json.dumps(e) + "\n")
+
+
+def _quiet(_: str) -> None:
+    pass
 
 
 def resume_point(out: Path) -> Path | None:

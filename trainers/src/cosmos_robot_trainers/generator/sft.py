@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos_robot.distributed import mean_over_ranks
 from cosmos_robot.generation.shapes import caption, draw, random_scenes
 from cosmos_robot_trainers.common import EpochBatchSampler
 from cosmos_robot_trainers.generator.config import GenSFTConfig
@@ -94,10 +95,12 @@ def run_generator_sft(
         x0 = latents[idx].to(run.gen.device)
         eps = torch.randn(x0.shape, generator=run.generator).to(x0)
         sigmas = draw_sigmas(len(idx), run.generator, config.train.timestep_sampling)
-        x_t, target = noised(x0, eps, sigmas)
-        ids = prompt_ids(run.gen, [captions[i] for i in idx], run.shape, ids_cache)
-        v = run.gen.velocities(x_t, sigmas, ids, run.shape)
+        rows, weight = run.share(len(idx))  # the whole batch's draws, this rank's rows of them
+        x_t, target = noised(x0[rows], eps[rows], sigmas[rows])
+        ids = prompt_ids(run.gen, [captions[i] for i in idx[rows]], run.shape, ids_cache)
+        v = run.gen.velocities(x_t, sigmas[rows], ids, run.shape)
         loss = torch.nn.functional.mse_loss(v, target)
-        return {"loss": float(loss.detach()), "grad_norm": optimizer_step(run, loss)}
+        norm = optimizer_step(run, loss, weight)
+        return {"loss": mean_over_ranks(float(loss.detach()) * weight, run.world), "grad_norm": norm}
 
     return run.loop(step, stop_at_step=stop_at_step, extra_state=lambda: {"sampler": sampler.state_dict()})
