@@ -302,3 +302,17 @@ def test_a_rollout_engine_in_a_ray_actor_samples_the_in_process_engine_completio
         runs[name] = _records(tmp_path / name)
     assert len(runs["local"]) == 2 and runs["local"][0]["grad_norm"] > 0
     assert runs["ray"] == runs["local"] and runs["collective"] == runs["local"]
+
+
+@pytest.mark.parametrize("recipe", ["debug_text_sft", "debug_text_sft_vl"])
+def test_text_sft_micro_batches_take_the_same_steps(recipe: str, tmp_path: Path) -> None:
+    """``optim.micro_batch_size = 1``: every row its own forward/backward, weighted by its share of the
+    batch's trained tokens: the same losses and gradient norms as the whole batch at once."""
+    curves = {}
+    for name, sets in {"whole": (), "micro": ("optim.micro_batch_size=1",)}.items():
+        config = _config(recipe, tmp_path / name, "train.steps=4", "eval.final=false", *sets)
+        assert run_text_sft(config, log=lambda _: None).finished
+        curves[name] = [(r["loss"], r["grad_norm"]) for r in _records(tmp_path / name) if "loss" in r]
+    assert len(curves["whole"]) >= 1 and len(curves["whole"]) == len(curves["micro"])
+    for (la, ga), (lb, gb) in zip(curves["whole"], curves["micro"], strict=True):
+        assert la == pytest.approx(lb, abs=1e-5) and ga == pytest.approx(gb, rel=1e-4)

@@ -328,7 +328,7 @@ def _without_ema(tmp_path: Path) -> str:
 @pytest.mark.parametrize("recipe", ["debug", "debug_text_sft", "debug_sft_pi05", "debug_sft_groot"])
 def test_fsdp_trains_the_single_process_curve_and_its_checkpoints_cross_both_ways(recipe: str, tmp_path: Path) -> None:
     """FSDP2 (parameters, gradients, AdamW state and, for the flow policy, the EMA sharded over 2 processes;
-    the flow policy's ranks take their parts of the batch in 2 micro-batches) against one process; a sharded
+    the flow policy's and Qwen3's ranks take their parts of the batch in 2 micro-batches) against one process; a sharded
     run resumed whole by one process, and a one-process run resumed sharded by two. pi0.5 is sharded by its
     projections and MLPs (its joint attention never calls a Gemma layer's forward), GR00T by its DiT blocks;
     both export from a fresh copy of the init folder holding the gathered weights."""
@@ -336,7 +336,7 @@ def test_fsdp_trains_the_single_process_curve_and_its_checkpoints_cross_both_way
     sets = [f'{data_key}="{tmp_path / "demos"}"'] if data_key else []
     one = _train(recipe, tmp_path / "one", *sets)
     assert one.returncode == 0, one.stderr[-3000:]
-    accum = ["train.grad_accum=2"] if recipe == "debug" else []
+    accum = {"debug": ["train.grad_accum=2"], "debug_text_sft": ["optim.micro_batch_size=1"]}.get(recipe, [])
     two = _train(recipe, tmp_path / "two", *sets, *accum, "train.fsdp=true", nproc=2)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "fsdp: parameters, gradients and AdamW state sharded over 2 processes" in two.stderr

@@ -352,6 +352,7 @@ RUNTIME_FIELDS = frozenset(
         "rollout.placement",
         "rollout.placement_timeout_s",
         "rollout.weight_sync",
+        "optim.micro_batch_size",
         "env.step_timeout",
         "train.ckpt_every",
         "train.keep_checkpoints",

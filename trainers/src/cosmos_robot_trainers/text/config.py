@@ -104,6 +104,14 @@ class TextEvalConfig(StrictModel):
     temperature: float = Field(default=0.0, ge=0)
 
 
+class TextSFTOptimConfig(OptimConfig):
+    """AdamW + schedule, and how each step's rows are split into forward/backward passes."""
+
+    # rows per forward/backward (each process's part of the batch): gradients of the micro-batches, each
+    # weighted by its share of the batch's trained tokens, add up to the same step (None: all rows at once)
+    micro_batch_size: int | None = Field(default=None, ge=1)
+
+
 class TextSFTConfig(StrictModel):
     """Conversation SFT of an HF causal LM: assistant-only loss, packing, exact resume."""
 
@@ -112,7 +120,7 @@ class TextSFTConfig(StrictModel):
     init: str  # an HF causal-LM folder, or tiny:hf_causal_lm (a random model built from [model])
     model: TinyLMConfig = Field(default_factory=lambda: TinyLMConfig())
     data: TextDataConfig = Field(default_factory=lambda: TextDataConfig())
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig())
+    optim: TextSFTOptimConfig = Field(default_factory=lambda: TextSFTOptimConfig())
     train: TextTrainConfig = Field(default_factory=lambda: TextTrainConfig())
     eval: TextEvalConfig = Field(default_factory=lambda: TextEvalConfig())
     output: OutputConfig
@@ -135,6 +143,7 @@ RUNTIME_FIELDS = frozenset(
         "train.fsdp",
         "train.checkpoint_format",
         "rollout.placement",
+        "optim.micro_batch_size",
         "rollout.engine_cpus",
         "rollout.engine_gpus",
         "rollout.weight_sync",

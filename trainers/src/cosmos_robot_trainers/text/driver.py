@@ -59,6 +59,7 @@ __all__ = [
     "TextResult",
     "TextRun",
     "accumulated_step",
+    "finish_step",
     "micro_batches",
     "minibatch_epochs",
     "minibatch_share",
@@ -398,6 +399,12 @@ def clip_and_step(
     norm."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    return finish_step(model, optimizer, grad_clip, world)
+
+
+def finish_step(model: torch.nn.Module, optimizer: Any, grad_clip: float | None, world: World | None = None) -> float:
+    """After the backward pass(es): ``(average over data-parallel ranks) -> clip -> step``; the pre-clip
+    gradient norm."""
     sharded = fsdp.is_sharded(model)
     if world is not None:  # FSDP averages its shards' gradients itself; the rest are averaged here
         average_gradients(fsdp.replicated_params(model) if sharded else model.parameters(), world)

@@ -14,7 +14,7 @@ with ``num_items_in_batch``: every trained token weighs the same, however the ro
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -27,7 +27,7 @@ from cosmos_robot.text.tasks import get_task, task_examples
 from cosmos_robot.text.vision import ImageInputs, collate_vl_rows, example_conversation
 from cosmos_robot_trainers.common import EpochBatchSampler
 from cosmos_robot_trainers.text.config import TextSFTConfig
-from cosmos_robot_trainers.text.driver import TextResult, TextRun, clip_and_step
+from cosmos_robot_trainers.text.driver import TextResult, TextRun, finish_step
 
 __all__ = ["load_conversations", "make_rows", "run_text_sft", "sft_loss"]
 
@@ -78,28 +78,44 @@ def sft_loss(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
     return -logp.sum() / max(count, 1), count
 
 
-def shard_rows(batch: dict[str, torch.Tensor], world: World) -> tuple[dict[str, torch.Tensor], float]:
-    """This rank's rows of a collated global batch and its loss weight: world size x its share of the global
-    batch's trained tokens, so the mean over ranks of the weighted per-rank token means is the global one."""
-    lo, hi = shard_range(int(batch["input_ids"].shape[0]), world)
-    total = int((batch["labels"][:, 1:] != -100).sum())
-    mine = {k: v[lo:hi] for k, v in batch.items()}
-    return mine, world.world_size * int((mine["labels"][:, 1:] != -100).sum()) / max(total, 1)
+def _tokens(batch: dict[str, torch.Tensor]) -> int:
+    return int((batch["labels"][:, 1:] != -100).sum())
 
 
-def shard_vl_rows(
-    model: Any, rows: list[list[tuple[list[int], list[int], Any]]], pad_id: int, world: World
-) -> tuple[dict[str, Any], float]:
-    """``shard_rows`` for image-text rows: this rank collates only its rows (the images' patches are
-    concatenated over a batch's images, so a collated batch cannot be cut by rows), weighted by its share
-    of the global batch's trained tokens, counted on the text alone. ``(whole batch, 1.0)`` in one process."""
-    if not world.distributed:
-        return collate_vl_rows(model, rows, pad_id), 1.0
-    lo, hi = shard_range(len(rows), world)
-    text = collate_rows([[(ids, mask) for ids, mask, _ in row] for row in rows], pad_id)
-    total = int((text["labels"][:, 1:] != -100).sum())
-    mine = collate_vl_rows(model, rows[lo:hi], pad_id)
-    return mine, world.world_size * int((mine["labels"][:, 1:] != -100).sum()) / max(total, 1)
+def _chunks(lo: int, hi: int, size: int | None) -> list[tuple[int, int]]:
+    step = hi - lo if size is None else size
+    return [(a, min(a + step, hi)) for a in range(lo, hi, max(step, 1))]
+
+
+def micro_batches_of(
+    batch: dict[str, torch.Tensor], world: World, micro: int | None = None
+) -> list[tuple[dict[str, torch.Tensor], float]]:
+    """This rank's rows of a collated global batch, in micro-batches of ``micro`` rows, each with its loss
+    weight: world size x its share of the global batch's trained tokens, so that the weighted token means,
+    summed over micro-batches and averaged over ranks, are the global batch's token mean."""
+    n = int(batch["input_ids"].shape[0])
+    lo, hi = shard_range(n, world) if world.distributed else (0, n)
+    total = _tokens(batch)
+    parts = []
+    for a, b in _chunks(lo, hi, micro):
+        part = batch if (a, b) == (0, n) else {k: v[a:b] for k, v in batch.items()}
+        parts.append((part, world.world_size * _tokens(part) / max(total, 1)))
+    return parts
+
+
+def vl_micro_batches(
+    model: Any, rows: list[list[tuple[list[int], list[int], Any]]], pad_id: int, world: World, micro: int | None = None
+) -> list[tuple[dict[str, Any], float]]:
+    """``micro_batches_of`` for image-text rows: each micro-batch collates only its rows (the images' patches
+    are concatenated over a batch's images, so a collated batch cannot be cut by rows), weighted by its
+    share of the global batch's trained tokens, counted on the text alone."""
+    lo, hi = shard_range(len(rows), world) if world.distributed else (0, len(rows))
+    total = _tokens(collate_rows([[(ids, mask) for ids, mask, _ in row] for row in rows], pad_id))
+    parts = []
+    for a, b in _chunks(lo, hi, micro):
+        part = collate_vl_rows(model, rows[a:b], pad_id)
+        parts.append((part, world.world_size * _tokens(part) / max(total, 1)))
+    return parts
 
 
 def run_text_sft(
@@ -130,22 +146,27 @@ def run_text_sft(
 
     def step(_: int) -> dict[str, float]:
         members = [rows[r] for r in sampler.next_indices().tolist()]
-        weight = 1.0  # data parallel: this rank's rows of the global batch, weighted by its share of the tokens
         if images is not None:  # image-text rows: M-RoPE positions and the rows' images
             rows_vl = [[(convs[i].input_ids, convs[i].assistant_mask, images[i]) for i in m] for m in members]
-            batch, weight = shard_vl_rows(lm.model, rows_vl, lm.pad_id, world)
+            parts = vl_micro_batches(lm.model, rows_vl, lm.pad_id, world, config.optim.micro_batch_size)
         else:
             ids = [[(convs[i].input_ids, convs[i].assistant_mask) for i in m] for m in members]
-            batch = collate_rows(ids, lm.pad_id)
-            if world.distributed:
-                batch, weight = shard_rows(batch, world)
-        loss, count = sft_loss(lm.model, {k: v.to(tcfg.device) for k, v in batch.items()})
-        aux: dict[str, Any] = {}
-        total = with_router_aux_loss(lm.model, loss, aux)  # MoE models: the router balancing term
-        norm = clip_and_step(lm.model, total * weight, run.optimizer, config.optim.grad_clip, world)
-        metrics = {"loss": float(loss.detach()) * weight, "grad_norm": norm, "tokens": float(count) * world.world_size}
-        metrics |= {k: float(v) for k, v in aux.items()}
-        return {k: mean_over_ranks(v, world) for k, v in metrics.items()}
+            parts = micro_batches_of(collate_rows(ids, lm.pad_id), world, config.optim.micro_batch_size)
+        run.optimizer.zero_grad(set_to_none=True)
+        metrics: dict[str, float] = {"loss": 0.0, "tokens": 0.0}
+        for i, (batch, weight) in enumerate(parts):
+            if run.sharded:  # FSDP reduce-scatters once, after the last micro-batch
+                cast(Any, lm.model).set_requires_gradient_sync(i == len(parts) - 1)
+            loss, count = sft_loss(lm.model, {k: v.to(tcfg.device) for k, v in batch.items()})
+            aux: dict[str, Any] = {}
+            total = with_router_aux_loss(lm.model, loss, aux)  # MoE models: the router balancing term
+            (total * weight).backward()
+            metrics["loss"] += float(loss.detach()) * weight
+            metrics["tokens"] += float(count) * world.world_size
+            for k, v in aux.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v) * weight
+        metrics = {k: mean_over_ranks(v, world) for k, v in metrics.items()}
+        return {**metrics, "grad_norm": finish_step(lm.model, run.optimizer, config.optim.grad_clip, world)}
 
     sampler_state = lambda: {"sampler": sampler.state_dict()}  # noqa: E731
     return run.loop(step, kind="text_sft", save_extra=sampler_state, stop_at_step=stop_at_step)
