@@ -21,9 +21,9 @@ from cosmos_robot_trainers.rl.advantage import Advantages
 from cosmos_robot_trainers.rl.config import SUITE_LOGPROB_DIMS
 from cosmos_robot_trainers.rl.inputs import UpdateInputs
 from cosmos_robot_trainers.rl.learner import (
+    accumulated_step,
     build_optimizer,
     episode_split_minibatches,
-    optimizer_step,
     split_half_cosine,
 )
 from cosmos_robot_trainers.rl.regression import (
@@ -258,8 +258,11 @@ def test_actor_and_critic_are_clipped_apart_and_logged() -> None:
     model = Stub()
     optimizer = build_optimizer(model, cfg)  # type: ignore[arg-type]
     ctx = torch.ones((1, 2))
-    loss = 3.0 * model.w.sum() + 4.0 * model.value(ctx).sum()  # actor grad norm 3 sqrt(42), critic 4 sqrt(2)
-    norms = optimizer_step(model, optimizer, loss, cfg.optim)  # type: ignore[arg-type]
+
+    def loss_fn(_: torch.Tensor) -> tuple[torch.Tensor, dict]:  # actor grad norm 3 sqrt(42), critic 4 sqrt(2)
+        return 3.0 * model.w.sum() + 4.0 * model.value(ctx).sum(), {}
+
+    _, norms = accumulated_step(model, optimizer, torch.arange(1), loss_fn, cfg.optim)  # type: ignore[arg-type]
     assert norms["grad_norm_actor"] == pytest.approx(3.0 * 42**0.5, rel=1e-5)
     assert norms["grad_norm_critic"] == pytest.approx(4.0 * 2**0.5, rel=1e-5)
     assert norms["grad_norm"] == pytest.approx((9 * 42 + 16 * 2) ** 0.5, rel=1e-5)
