@@ -12,6 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from cosmos_robot.cli import app
+from cosmos_robot.config import ConfigError
 from cosmos_robot_trainers.launch import launch, load_train_recipe
 from cosmos_robot_trainers.text.dpo import load_pairs, sampled_pairs
 from cosmos_robot_trainers.text.grpo import run_text_grpo
@@ -302,6 +303,8 @@ def test_a_rollout_engine_in_a_ray_actor_samples_the_in_process_engine_completio
         runs[name] = _records(tmp_path / name)
     assert len(runs["local"]) == 2 and runs["local"][0]["grad_norm"] > 0
     assert runs["ray"] == runs["local"] and runs["collective"] == runs["local"]
+    with pytest.raises(ConfigError, match=r"rollout\.weight_sync and rollout\.engine_gpus apply to an engine"):
+        _config("debug_text_grpo", tmp_path / "x", 'rollout.weight_sync="collective"')
 
 
 @pytest.mark.parametrize("recipe", ["debug_text_sft", "debug_text_sft_vl"])

@@ -407,6 +407,17 @@ def test_weight_sync_names_the_first_tensor_an_actor_disagrees_on() -> None:
         check_manifests(learner, [learner[:1]])
 
 
+def test_weight_sync_uses_nccl_only_between_gpus_of_their_own_and_needs_ray_workers(tmp_path: Path) -> None:
+    from cosmos_robot.config import ConfigError
+    from cosmos_robot_trainers.common.weight_sync import choose_backend
+
+    assert choose_backend(["gpu-a", "gpu-b", "gpu-c"]) == "nccl"
+    assert choose_backend(["gpu-a", "gpu-b", "gpu-b"]) == "gloo"  # two workers sharing a GPU
+    assert choose_backend([None, "gpu-b"]) == "gloo"  # a learner on the CPU
+    with pytest.raises(ConfigError, match=r"rollout\.weight_sync = 'collective' broadcasts to Ray rollout workers"):
+        debug_config("grpo", tmp_path, 'rollout.weight_sync="collective"')
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ALGOS)
 def test_micro_batches_take_the_same_optimizer_steps(algo: str, tmp_path: Path) -> None:

@@ -58,6 +58,8 @@ def shard_model(
 
     kw: dict[str, Any] = {}
     if compute_dtype is not None and compute_dtype != torch.float32:
+        # each entry's own dtype, for the one-process checkpoint form (as_master_checkpoint)
+        model._loaded_dtypes = {k: v.dtype for k, v in model.state_dict().items()}  # type: ignore[assignment]
         model.float()
         kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     scalars = {p for p in model.parameters() if p.dim() == 0}  # fully_shard refuses 0-d parameters
@@ -141,7 +143,8 @@ def as_master_checkpoint(
     if not model_sd:
         return model_sd, optim_sd
     master = [model_sd[n].float().clone() for n, p in model.named_parameters() if p.requires_grad]
-    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in model_sd.items()}
+    loaded = getattr(model, "_loaded_dtypes", {})  # entries the model kept in float32 stay float32
+    weights = {k: v.to(loaded.get(k, dtype)) if v.is_floating_point() else v for k, v in model_sd.items()}
     return weights, {"inner": optim_sd, "master": master}
 
 

@@ -12,8 +12,9 @@ The group is its own (a ``TCPStore`` on a free port of the learner's node and a 
 ``ProcessGroupNCCL`` built on it), not the default one, so it lives beside the data-parallel learners'
 torchrun group. Before the first broadcast each actor reports its state's names, shapes and dtypes;
 a mismatch with the learner's is an error naming the first differing entry, never a silent misload.
-NCCL needs each member on its own GPU, so a learner and an actor sharing one GPU must use gloo or the
-object store.
+NCCL needs each member on its own GPU: ``choose_backend`` picks it only when every member holds its
+model on a GPU and no two members share one (compared by device UUID); learners and actors that share
+GPUs (``rollout.worker_gpus = 0.25``) broadcast over gloo.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SyncGroup", "check_manifests", "free_port", "state_manifest"]
+__all__ = ["SyncGroup", "check_manifests", "choose_backend", "device_id", "free_port", "state_manifest"]
 
 
 def free_port(host: str) -> int:
@@ -33,6 +34,20 @@ def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def device_id(tensor: torch.Tensor) -> str | None:
+    """The UUID of the GPU holding ``tensor`` (None on the CPU): how members tell whether they share one."""
+    if not tensor.is_cuda:
+        return None
+    return str(torch.cuda.get_device_properties(tensor.device).uuid)
+
+
+def choose_backend(devices: Sequence[str | None]) -> str:
+    """``"nccl"`` when every member's model is on a GPU of its own (``device_id``), else ``"gloo"``."""
+    if all(d is not None for d in devices) and len(set(devices)) == len(devices):
+        return "nccl"
+    return "gloo"
 
 
 def state_manifest(tensors: dict[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
@@ -65,13 +80,23 @@ class SyncGroup:
             raise ValueError(f"weight sync: backend must be 'gloo' or 'nccl', got {backend!r}")
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.size, self.backend = rank, size, backend
-        self.store = torch.distributed.TCPStore(host, port, size, is_master=rank == 0, timeout=timeout)
+        self.store: Any = torch.distributed.TCPStore(host, port, size, is_master=rank == 0, timeout=timeout)
         if backend == "nccl":
             self.pg: Any = torch.distributed.ProcessGroupNCCL(
                 self.store, rank, size, torch.distributed.ProcessGroupNCCL.Options()
             )
         else:
             self.pg = torch.distributed.ProcessGroupGloo(self.store, rank, size, timeout)
+
+    def close(self) -> None:
+        """Shut the group down (its peers may already be gone) and release the store's port."""
+        shutdown = getattr(self.pg, "shutdown", None)
+        if callable(shutdown):
+            try:
+                shutdown()
+            except RuntimeError:
+                pass
+        self.pg = self.store = None
 
     @torch.no_grad()
     def broadcast(self, tensors: Sequence[torch.Tensor]) -> None:

@@ -149,6 +149,12 @@ class GenRun:
             raise ConfigError(
                 f"train.batch_size={tcfg.batch_size} is not divisible by the {self.world.world_size} training processes"
             )
+        groups = getattr(getattr(config, "algo", None), "prompts_per_iter", None)
+        if self.world.distributed and groups is not None and groups % self.world.world_size:
+            raise ConfigError(
+                f"algo.prompts_per_iter={groups} is not divisible by the {self.world.world_size} training "
+                "processes (each samples an equal share of the rollout's groups)"
+            )
         self.config, self.log = config, (log if self.world.is_main else _quiet)
         self.out = Path(config.output.dir)
         ckpt = None

@@ -130,6 +130,11 @@ class RolloutConfig(StrictModel):
 
     @model_validator(mode="after")
     def _dims(self) -> RolloutConfig:
+        if self.weight_sync == "collective" and self.num_workers == 1:
+            raise ValueError(
+                "rollout.weight_sync = 'collective' broadcasts to Ray rollout workers (rollout.num_workers > 1); "
+                "the one in-process worker samples from the learner's own model"
+            )
         dims = self.logprob_dims
         if isinstance(dims, list) and (not dims or len(set(dims)) != len(dims) or min(dims) < 0):
             raise ValueError(f"rollout.logprob_dims: expected distinct action-dim indices >= 0, got {dims}")

@@ -167,6 +167,11 @@ class _RayWorker:
         self.sync_group = SyncGroup(host, port, rank, size, backend)
         return state_manifest(self.worker.policy.model.state_dict())
 
+    def device_id(self) -> str | None:
+        from cosmos_robot_trainers.common.weight_sync import device_id
+
+        return device_id(next(iter(self.worker.policy.model.state_dict().values())))
+
     def receive_weights(self) -> None:
         """The learner's broadcast, written in place into this model's parameters and buffers."""
         self.sync_group.broadcast(list(self.worker.policy.model.state_dict().values()))
@@ -244,14 +249,21 @@ class RayRollouts:
     def _broadcast(self, model: RLModel) -> None:
         """``rollout.weight_sync = "collective"``: the state broadcast to every actor in place (the group
         is formed at the first call, after the actors' manifests are checked against the learner's)."""
-        from cosmos_robot_trainers.common.weight_sync import SyncGroup, check_manifests, free_port, state_manifest
+        from cosmos_robot_trainers.common.weight_sync import (
+            SyncGroup,
+            check_manifests,
+            choose_backend,
+            device_id,
+            free_port,
+            state_manifest,
+        )
 
         state = model.state_dict()
         if self.sync_group is None:
             host = self.ray.util.get_node_ip_address()
             port, size = free_port(host), len(self.actors) + 1
-            on_gpus = self.worker_gpus > 0 and next(iter(state.values())).is_cuda
-            backend = "nccl" if on_gpus else "gloo"
+            held = self.ray.get([a.device_id.remote() for a in self.actors])
+            backend = choose_backend([device_id(next(iter(state.values()))), *held])
             joins = [a.join_sync.remote(host, port, w + 1, size, backend) for w, a in enumerate(self.actors)]
             self.sync_group = SyncGroup(host, port, 0, size, backend)
             check_manifests(state_manifest(state), self.ray.get(joins))
@@ -260,6 +272,8 @@ class RayRollouts:
         self.ray.get(received)
 
     def close(self) -> None:
+        if self.sync_group is not None:
+            self.sync_group.close()
         try:
             self.ray.get([a.close.remote() for a in self.actors])
         finally:

@@ -23,7 +23,8 @@ checkpoints are gathered whole, so they too resume with or without sharding.
 ``train.grad_accum`` cuts each rank's part of the batch into micro-batches, each weighted by its share
 of the global batch's loss normaliser, so the accumulated gradient is the whole batch's (under FSDP the
 reduce-scatter runs once, after the last). ``train.precision = "bf16"`` runs forward and loss under
-``torch.autocast(bfloat16)`` with float32 weights, gradients and AdamW state, in one process as in many.
+``torch.autocast(bfloat16)`` with float32 weights, gradients and AdamW state (data parallel too); under
+FSDP the float32 shards are gathered and computed in bf16 by FSDP itself (``MixedPrecisionPolicy``).
 """
 
 from __future__ import annotations
@@ -270,7 +271,14 @@ def _setup(
                 "or cannot rebuild a whole copy for export); use data parallelism without train.fsdp"
             )
         units = adapter.fsdp_units(model) if hasattr(adapter, "fsdp_units") else None
-        fsdp.shard_model(model, units=units)
+        # one dtype per unit: bf16 runs shard float32 masters computed in bf16 (FSDP's MixedPrecisionPolicy,
+        # not autocast, whose bf16 weight copies would stay alive for the backward); a checkpoint that mixes
+        # dtypes (pi0.5's bf16 layers beside float32 norms) is sharded as float32 masters
+        compute = torch.bfloat16 if tcfg.precision == "bf16" else None
+        if compute is None and len({p.dtype for p in model.parameters() if p.is_floating_point()}) > 1:
+            log("fsdp: the model mixes parameter dtypes; its shards are float32 masters")
+            model.float()
+        fsdp.shard_model(model, compute_dtype=compute, units=units)
         whole = sum(p.numel() for p in fsdp.replicated_params(model))
         log(f"fsdp: parameters, gradients and AdamW state sharded over {world.world_size} processes ({whole} whole)")
     elif tcfg.fsdp:
@@ -345,7 +353,7 @@ def _train(run: _Run, stop: int, log: Callable[[str], None]) -> bool:
 
 @dataclass
 class _Micro:
-    """One forward/backward of a step: its samples on the device, its flow draws, and the weight that makes
+    """One forward/backward of a step: its samples and flow draws (on the CPU until its turn), and the weight that makes
     the sum of the weighted micro-batch losses, averaged over the ranks, the global batch's loss."""
 
     batch: dict[str, torch.Tensor]
@@ -366,7 +374,7 @@ def _next_batch(run: _Run) -> list[_Micro]:
     times = run.adapter.sample_time(run.model, noise.shape[0], generator)
     world, parts = run.world, config.train.grad_accum
     if not world.distributed and parts == 1:
-        return [_Micro(_to(batch, run.device), noise.to(run.device), times.to(run.device), 1.0)]
+        return [_Micro(batch, noise, times, 1.0)]
     total = run.data.loss_mass(batch)
     lo, hi = shard_range(noise.shape[0], world)
     per = (hi - lo) // parts
@@ -375,7 +383,7 @@ def _next_batch(run: _Run) -> list[_Micro]:
         a, b = lo + i * per, lo + (i + 1) * per
         part = run.data.shard_batch(batch, a, b)
         weight = world.world_size * run.data.loss_mass(part) / max(total, 1e-12)
-        micro.append(_Micro(_to(part, run.device), noise[a:b].to(run.device), times[a:b].to(run.device), weight))
+        micro.append(_Micro(part, noise[a:b], times[a:b], weight))
     return micro
 
 
@@ -387,13 +395,14 @@ def _train_step(run: _Run, micro: list[_Micro]) -> None:
     """Phase loss + update: the micro-batches' forward and backward (``train.precision``'s autocast), one
     optimizer and schedule step (and the EMA's); adds to the window."""
     run.optimizer.zero_grad(set_to_none=True)
-    autocast = run.config.train.precision == "bf16"
+    autocast = run.config.train.precision == "bf16" and not run.sharded  # FSDP casts its own gathers
     loss_sum = 0.0
     for i, part in enumerate(micro):
         if run.sharded:  # FSDP reduce-scatters the gradients once, after the last micro-batch
             cast(Any, run.model).set_requires_gradient_sync(i == len(micro) - 1)
+        batch, noise, times = _to(part.batch, run.device), part.noise.to(run.device), part.times.to(run.device)
         with torch.autocast(run.device.type, dtype=torch.bfloat16, enabled=autocast):
-            loss = run.adapter.flow_loss(run.model, part.batch, part.noise, part.times)
+            loss = run.adapter.flow_loss(run.model, batch, noise, times)
         if part.weight != 1.0:
             loss = loss * part.weight
         loss.backward()

@@ -187,6 +187,15 @@ class TextRolloutConfig(StrictModel):
     # process group of the learner and the actor (NCCL between GPUs, gloo otherwise)
     weight_sync: Literal["object_store", "collective"] = "object_store"
 
+    @model_validator(mode="after")
+    def _placement(self) -> TextRolloutConfig:
+        if self.placement == "local" and (self.weight_sync != "object_store" or self.engine_gpus > 0):
+            raise ValueError(
+                "rollout.weight_sync and rollout.engine_gpus apply to an engine in a Ray actor "
+                "(rollout.placement = 'ray'); a local engine runs on the learner's own model and device"
+            )
+        return self
+
     def engine_options(self) -> dict[str, dict[str, Any]]:
         """Each engine's own table, for ``make_engine``."""
         return {"vllm": self.vllm.model_dump()}

@@ -63,6 +63,11 @@ class _EngineActor:
         self.sync_group = SyncGroup(host, port, 1, 2, backend)
         return self.manifest()
 
+    def device_id(self) -> str | None:
+        from cosmos_robot_trainers.common.weight_sync import device_id
+
+        return device_id(next(iter(self.lm.model.state_dict().values())))
+
     def receive_weights(self) -> None:
         self.sync_group.broadcast(list(self.lm.model.state_dict().values()))
         self.engine.sync_weights(self.lm.model)
@@ -74,24 +79,33 @@ class _EngineActor:
 
 
 class RayEngine:
-    """The learner's handle on an engine actor (module docstring); a ``RolloutEngine``."""
+    """The learner's handle on an engine actor (module docstring); a ``RolloutEngine``. The actor starts at
+    the first rollout (a run that never samples, such as DPO on offline pairs, starts none)."""
 
     def __init__(self, config: Any, model: torch.nn.Module, world: World | None = None) -> None:
-        from cosmos_robot_trainers.rl.workers import connect_ray
-
         rc = config.rollout
-        self.ray = connect_ray(world or World())
+        self.config, self.world = config, world or World()
         self.name = f"ray:{rc.engine}"
         self.weight_sync = rc.weight_sync
-        self.sync_group: Any = None
-        model_cfg = config.model.model_dump(mode="json") if getattr(config, "model", None) is not None else None
-        options = dict(rc.engine_options().get(rc.engine, {}))
-        threads = max(1, int(rc.engine_cpus))
-        actor = self.ray.remote(_EngineActor).options(num_cpus=rc.engine_cpus, num_gpus=rc.engine_gpus)
-        self.actor = actor.remote(config.init, model_cfg, config.train.dtype, rc.engine, {rc.engine: options}, threads)
         self.scores_by_forward = rc.engine == "transformers_static"  # the engine's own flag (engines.py)
-        self.model, self.synced = model, False  # the learner's weights go out before the first rollout (after
-        # a resume has loaded them)
+        self.ray: Any = None
+        self.actor: Any = None
+        self.sync_group: Any = None
+        # the learner's weights go out before the first rollout (after a resume has loaded them)
+        self.model, self.synced = model, False
+
+    def _start(self) -> Any:
+        if self.actor is None:
+            from cosmos_robot_trainers.rl.workers import connect_ray
+
+            config, rc = self.config, self.config.rollout
+            self.ray = connect_ray(self.world)
+            model_cfg = config.model.model_dump(mode="json") if getattr(config, "model", None) is not None else None
+            options = {rc.engine: dict(rc.engine_options().get(rc.engine, {}))}
+            actor = self.ray.remote(_EngineActor).options(num_cpus=rc.engine_cpus, num_gpus=rc.engine_gpus)
+            threads = max(1, int(rc.engine_cpus))
+            self.actor = actor.remote(config.init, model_cfg, config.train.dtype, rc.engine, options, threads)
+        return self.actor
 
     def generate(
         self, prompts: Sequence[list[int]], n: int, params: SamplingParams, images: Sequence[Any] | None = None
@@ -102,26 +116,35 @@ class RayEngine:
         return self.ray.get(self.actor.generate.remote(batch, n, params, None if images is None else list(images)))
 
     def sync_weights(self, model: Any) -> None:
+        actor = self._start()
         self.synced = True
         state = model.state_dict()
         if self.weight_sync == "object_store":
-            self.ray.get(self.actor.load_weights.remote({k: v.detach().cpu() for k, v in state.items()}))
+            self.ray.get(actor.load_weights.remote({k: v.detach().cpu() for k, v in state.items()}))
             return
-        from cosmos_robot_trainers.common.weight_sync import SyncGroup, check_manifests, free_port, state_manifest
+        from cosmos_robot_trainers.common.weight_sync import (
+            SyncGroup,
+            check_manifests,
+            choose_backend,
+            device_id,
+            free_port,
+            state_manifest,
+        )
 
         if self.sync_group is None:
             host = self.ray.util.get_node_ip_address()
             port = free_port(host)
-            backend = "nccl" if next(iter(state.values())).is_cuda and self.engine_on_gpu() else "gloo"
-            joined = self.actor.join_sync.remote(host, port, backend)
+            backend = choose_backend([device_id(next(iter(state.values()))), self.ray.get(actor.device_id.remote())])
+            joined = actor.join_sync.remote(host, port, backend)
             self.sync_group = SyncGroup(host, port, 0, 2, backend)
             check_manifests(state_manifest(state), [self.ray.get(joined)])
-        received = self.actor.receive_weights.remote()
+        received = actor.receive_weights.remote()
         self.sync_group.broadcast(list(state.values()))
         self.ray.get(received)
 
-    def engine_on_gpu(self) -> bool:
-        return bool(self.ray.get(self.actor.__ray_call__.remote(lambda a: next(a.lm.model.parameters()).is_cuda)))
-
     def close(self) -> None:
-        self.ray.kill(self.actor)
+        if self.sync_group is not None:
+            self.sync_group.close()
+        if self.actor is not None:
+            self.ray.kill(self.actor)
+            self.actor = None
