@@ -355,6 +355,20 @@ def test_fsdp_trains_the_single_process_curve_and_its_checkpoints_cross_both_way
     _close(_curve(cut), curve)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["debug", "debug_sft_pi05"])
+def test_fsdp_in_bf16_gathers_bf16_and_follows_the_one_process_bf16_curve(recipe: str, tmp_path: Path) -> None:
+    """Robot SFT with ``train.precision = "bf16"`` under FSDP: float32 master shards gathered in bf16
+    (MixedPrecisionPolicy) beside autocast; close to one process's autocast curve, not equal."""
+    sets = (f'data.root="{tmp_path / "demos"}"', 'train.precision="bf16"', "train.steps=4")
+    one = _train(recipe, tmp_path / "one", *sets)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _train(recipe, tmp_path / "two", *sets, "train.fsdp=true", nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    for (step, la, ga), (_, lb, gb) in zip(_curve(tmp_path / "two"), _curve(tmp_path / "one"), strict=True):
+        assert abs(la - lb) < 5e-3 and abs(ga - gb) < 0.02 * gb, (step, la, lb, ga, gb)
+
+
 def _near(a: list[tuple[int, float, float]], b: list[tuple[int, float, float]]) -> None:
     """bfloat16 curves of other reduction orders: losses within 1e-3, gradient norms within 2%."""
     assert [s for s, _, _ in a] == [s for s, _, _ in b]

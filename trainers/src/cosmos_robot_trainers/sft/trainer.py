@@ -24,7 +24,8 @@ checkpoints are gathered whole, so they too resume with or without sharding.
 of the global batch's loss normaliser, so the accumulated gradient is the whole batch's (under FSDP the
 reduce-scatter runs once, after the last). ``train.precision = "bf16"`` runs forward and loss under
 ``torch.autocast(bfloat16)`` with float32 weights, gradients and AdamW state (data parallel too); under
-FSDP the float32 shards are gathered and computed in bf16 by FSDP itself (``MixedPrecisionPolicy``).
+FSDP the float32 shards are also gathered in bf16 (``MixedPrecisionPolicy``), so no float32 weight is
+held for autocast to copy.
 """
 
 from __future__ import annotations
@@ -271,8 +272,8 @@ def _setup(
                 "or cannot rebuild a whole copy for export); use data parallelism without train.fsdp"
             )
         units = adapter.fsdp_units(model) if hasattr(adapter, "fsdp_units") else None
-        # one dtype per unit: bf16 runs shard float32 masters computed in bf16 (FSDP's MixedPrecisionPolicy,
-        # not autocast, whose bf16 weight copies would stay alive for the backward); a checkpoint that mixes
+        # one dtype per unit: bf16 runs shard float32 masters gathered in bf16 (FSDP's MixedPrecisionPolicy;
+        # autocast alone would keep a bf16 copy of every gathered weight for the backward); a checkpoint that mixes
         # dtypes (pi0.5's bf16 layers beside float32 norms) is sharded as float32 masters
         compute = torch.bfloat16 if tcfg.precision == "bf16" else None
         if compute is None and len({p.dtype for p in model.parameters() if p.is_floating_point()}) > 1:
@@ -395,7 +396,7 @@ def _train_step(run: _Run, micro: list[_Micro]) -> None:
     """Phase loss + update: the micro-batches' forward and backward (``train.precision``'s autocast), one
     optimizer and schedule step (and the EMA's); adds to the window."""
     run.optimizer.zero_grad(set_to_none=True)
-    autocast = run.config.train.precision == "bf16" and not run.sharded  # FSDP casts its own gathers
+    autocast = run.config.train.precision == "bf16"  # under FSDP beside its bf16 gathers: float32 inputs meet them
     loss_sum = 0.0
     for i, part in enumerate(micro):
         if run.sharded:  # FSDP reduce-scatters the gradients once, after the last micro-batch
