@@ -26,7 +26,16 @@ from typing import Any
 
 import torch
 
-__all__ = ["SyncGroup", "check_manifests", "choose_backend", "device_id", "free_port", "state_manifest"]
+__all__ = [
+    "SyncGroup",
+    "broadcast_to",
+    "check_manifests",
+    "choose_backend",
+    "device_id",
+    "form_group",
+    "free_port",
+    "state_manifest",
+]
 
 
 def free_port(host: str) -> int:
@@ -119,3 +128,23 @@ class SyncGroup:
                 for t in group:
                     t.copy_(flat[offset : offset + t.numel()].view(t.shape).to(dtype))
                     offset += t.numel()
+
+
+def form_group(ray: Any, state: dict[str, torch.Tensor], actors: Sequence[Any]) -> SyncGroup:
+    """The learner's end of a group with ``actors`` (Ray actor handles with ``device_id()`` and
+    ``join_sync(host, port, rank, size, backend)`` returning their manifest), checked against ``state``."""
+    host = ray.util.get_node_ip_address()
+    port, size = free_port(host), len(actors) + 1
+    held = ray.get([a.device_id.remote() for a in actors])
+    backend = choose_backend([device_id(next(iter(state.values()))), *held])
+    joins = [a.join_sync.remote(host, port, w + 1, size, backend) for w, a in enumerate(actors)]
+    group = SyncGroup(host, port, 0, size, backend)
+    check_manifests(state_manifest(state), ray.get(joins))
+    return group
+
+
+def broadcast_to(ray: Any, group: SyncGroup, state: dict[str, torch.Tensor], actors: Sequence[Any]) -> None:
+    """``state`` into every actor (each receiving with ``receive_weights()``), waiting for all of them."""
+    received = [a.receive_weights.remote() for a in actors]
+    group.broadcast(list(state.values()))
+    ray.get(received)

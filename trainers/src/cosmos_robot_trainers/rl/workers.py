@@ -249,27 +249,12 @@ class RayRollouts:
     def _broadcast(self, model: RLModel) -> None:
         """``rollout.weight_sync = "collective"``: the state broadcast to every actor in place (the group
         is formed at the first call, after the actors' manifests are checked against the learner's)."""
-        from cosmos_robot_trainers.common.weight_sync import (
-            SyncGroup,
-            check_manifests,
-            choose_backend,
-            device_id,
-            free_port,
-            state_manifest,
-        )
+        from cosmos_robot_trainers.common.weight_sync import broadcast_to, form_group
 
         state = model.state_dict()
         if self.sync_group is None:
-            host = self.ray.util.get_node_ip_address()
-            port, size = free_port(host), len(self.actors) + 1
-            held = self.ray.get([a.device_id.remote() for a in self.actors])
-            backend = choose_backend([device_id(next(iter(state.values()))), *held])
-            joins = [a.join_sync.remote(host, port, w + 1, size, backend) for w, a in enumerate(self.actors)]
-            self.sync_group = SyncGroup(host, port, 0, size, backend)
-            check_manifests(state_manifest(state), self.ray.get(joins))
-        received = [a.receive_weights.remote() for a in self.actors]
-        self.sync_group.broadcast(list(state.values()))
-        self.ray.get(received)
+            self.sync_group = form_group(self.ray, state, self.actors)
+        broadcast_to(self.ray, self.sync_group, state, self.actors)
 
     def close(self) -> None:
         if self.sync_group is not None:

@@ -57,10 +57,10 @@ class _EngineActor:
         self.lm.model.load_state_dict(state)
         self.engine.sync_weights(self.lm.model)
 
-    def join_sync(self, host: str, port: int, backend: str) -> list[Any]:
+    def join_sync(self, host: str, port: int, rank: int, size: int, backend: str) -> list[Any]:
         from cosmos_robot_trainers.common.weight_sync import SyncGroup
 
-        self.sync_group = SyncGroup(host, port, 1, 2, backend)
+        self.sync_group = SyncGroup(host, port, rank, size, backend)
         return self.manifest()
 
     def device_id(self) -> str | None:
@@ -122,25 +122,11 @@ class RayEngine:
         if self.weight_sync == "object_store":
             self.ray.get(actor.load_weights.remote({k: v.detach().cpu() for k, v in state.items()}))
             return
-        from cosmos_robot_trainers.common.weight_sync import (
-            SyncGroup,
-            check_manifests,
-            choose_backend,
-            device_id,
-            free_port,
-            state_manifest,
-        )
+        from cosmos_robot_trainers.common.weight_sync import broadcast_to, form_group
 
         if self.sync_group is None:
-            host = self.ray.util.get_node_ip_address()
-            port = free_port(host)
-            backend = choose_backend([device_id(next(iter(state.values()))), self.ray.get(actor.device_id.remote())])
-            joined = actor.join_sync.remote(host, port, backend)
-            self.sync_group = SyncGroup(host, port, 0, 2, backend)
-            check_manifests(state_manifest(state), [self.ray.get(joined)])
-        received = actor.receive_weights.remote()
-        self.sync_group.broadcast(list(state.values()))
-        self.ray.get(received)
+            self.sync_group = form_group(self.ray, state, [actor])
+        broadcast_to(self.ray, self.sync_group, state, [actor])
 
     def close(self) -> None:
         if self.sync_group is not None:
