@@ -151,3 +151,9 @@ class RLAdapter(abc.ABC):
     def set_num_flow_steps(self, steps: int) -> None:
         """Serve and sample with ``steps`` denoising steps (families also update their serving policy)."""
         self.model.set_num_flow_steps(steps)
+
+    def fsdp_units(self, model: RLModel) -> list[nn.Module] | None:
+        """The modules of ``model`` (a copy of ``self.model``) that FSDP shards one by one (``train.fsdp``):
+        modules the family's code calls through their ``forward``. None: every block of its ``ModuleList``
+        stacks (``common/fsdp.py``)."""
+        return None

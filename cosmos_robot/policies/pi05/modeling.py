@@ -433,6 +433,19 @@ class Pi05Model(nn.Module):
     def _expert(self) -> _GemmaModel:
         return self.paligemma_with_expert.gemma_expert.model
 
+    def fsdp_units(self) -> list[nn.Module]:
+        """What FSDP shards (SFT and RL): the vision layers, and in both Gemma stacks each projection and
+        MLP. The joint attention calls a Gemma layer's parts, never the layer's ``forward``, so the layer
+        cannot be a unit; the norms (read outside their ``forward`` by the expert's modulation) and the
+        token table (read as a tensor by ``embed_prefix``) stay in the root unit."""
+        vision = self.paligemma_with_expert.paligemma.model.vision_tower.vision_model
+        units: list[nn.Module] = list(vision.encoder.layers)
+        for stack in (self._vlm, self._expert):
+            for layer in stack.blocks():
+                attn = layer.self_attn
+                units += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp]
+        return units
+
     # --- prefix ----------------------------------------------------------------------------------
     def embed_images(self, images: Tensor) -> Tensor:
         """(B, 3, H, W) in [-1, 1] at the vision size -> (B, patches, VLM width)."""

@@ -158,6 +158,12 @@ class Pi05RLAdapter(RLAdapter):
         served.num_steps = int(model.config.num_flow_steps)
         return served
 
+    def fsdp_units(self, model: RLModel) -> list[nn.Module]:
+        """The RL trainer's FSDP units (``train.fsdp``): the pi0.5 model's own (``Pi05Model.fsdp_units``)."""
+        if not isinstance(model, Pi05RLModel):
+            raise TypeError(f"Pi05RLAdapter.fsdp_units: expected a Pi05RLModel, got {type(model).__name__}")
+        return model.pi05.fsdp_units()
+
     def set_num_flow_steps(self, steps: int) -> None:
         super().set_num_flow_steps(steps)
         self.policy.num_steps = steps

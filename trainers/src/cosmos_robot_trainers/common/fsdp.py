@@ -12,7 +12,11 @@ on every rank, which caps the model at what one device holds. ``fully_shard`` (t
 - Checkpoints stay the single-process ones (whole tensors; the optimizer state keyed by position as
   ``optimizer.state_dict()`` keys it): ``full_state`` gathers them to rank 0 and ``load_full_state``
   shards them back, so a run resumes at any world size, sharded or not.
-- ``full_model_state`` gathers the weights for an export or an evaluation on rank 0.
+- ``full_model_state`` gathers the weights for an export or an evaluation on rank 0;
+  ``copy_full_into`` gathers them into a whole copy on every rank (the RL trainers' rollout model, which
+  samples a number of times no two ranks agree on, so it cannot be sharded: verl's "hybrid engine").
+- ``clip_grad_norm`` clips sharded (DTensor) and whole gradients together: one all-reduce of the
+  shards' squared norms.
 - Mixed precision (``compute_dtype``): the shards are float32 master weights, gathered and computed in
   bfloat16, gradients reduced in float32 (``MixedPrecisionPolicy``): the sharded form of the text
   trainers' ``MasterWeights`` (text/precision.py). ``as_master_checkpoint`` / ``from_master_checkpoint``
@@ -24,13 +28,17 @@ Every function here is a collective: every rank calls it.
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 __all__ = [
     "as_master_checkpoint",
+    "clip_grad_norm",
+    "copy_full_into",
+    "grad_cosine",
     "from_master_checkpoint",
     "full_model_state",
     "full_state",
@@ -41,19 +49,30 @@ __all__ = [
 ]
 
 FORWARD_METHODS = ("flow_loss",)
+# what the RL learner calls on an ``RLModel`` instead of its forward (cosmos_robot/policies/interfaces.py)
+RL_FORWARD_METHODS = ("encode", "expert", "velocity", "value", "noise_std")
 
 
 def shard_model(
-    model: nn.Module, compute_dtype: torch.dtype | None = None, units: list[nn.Module] | None = None
+    model: nn.Module,
+    compute_dtype: torch.dtype | None = None,
+    units: list[nn.Module] | None = None,
+    methods: tuple[str, ...] = FORWARD_METHODS,
+    keep_dtypes: bool = False,
 ) -> nn.Module:
     """``fully_shard`` each block of the model's ModuleList stacks, then the model (in place; returned).
 
     ``units``: the modules to shard instead of the stacks' blocks, for a family whose code does not call its
     blocks' ``forward`` (FSDP gathers a unit's parameters in its forward hooks): the modules it does call.
     Parameters outside every unit belong to the model's root unit, gathered for the whole loss.
+    ``methods``: the model's methods its trainer calls instead of ``forward`` (each gathers the root unit).
 
     ``compute_dtype`` (bfloat16): the model is made float32 first, so its shards are the master weights;
-    forward and backward run on ``compute_dtype`` copies and the gradients are reduced in float32."""
+    forward and backward run on ``compute_dtype`` copies and the gradients are reduced in float32.
+
+    ``keep_dtypes``: a model that mixes dtypes (pi0.5's bf16 layers beside its float32 norms) keeps them.
+    FSDP gathers a unit in one dtype, so in each unit the parameters of the dtype holding fewer elements
+    (the norms, a few projections) stay whole on every rank, like 0-d ones (``replicated_params``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     kw: dict[str, Any] = {}
@@ -70,18 +89,31 @@ def shard_model(
             if isinstance(module, nn.ModuleList)
             for block in module
         ]
+    whole = set(scalars)
+
+    def left_whole(unit: nn.Module) -> set[nn.Parameter]:
+        own = [p for p in unit.parameters() if not _is_dtensor(p) and p not in whole]
+        sizes: dict[torch.dtype, int] = {}
+        for p in own:
+            sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+        if keep_dtypes and len(sizes) > 1:
+            major = max(sizes, key=lambda d: sizes[d])
+            whole.update(p for p in own if p.dtype != major)
+        return whole
+
     for unit in units:
         if any(True for _ in unit.parameters()):
-            fully_shard(unit, ignored_params=scalars, **kw)
-    fully_shard(model, ignored_params=scalars, **kw)
-    for name in FORWARD_METHODS:
+            fully_shard(unit, ignored_params=left_whole(unit), **kw)
+    fully_shard(model, ignored_params=left_whole(model), **kw)
+    for name in methods:
         if callable(getattr(model, name, None)):
             register_fsdp_forward_method(model, name)
     return model
 
 
 def replicated_params(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters ``shard_model`` left whole (0-d ones): their gradients are the caller's to average."""
+    """The parameters ``shard_model`` left whole (0-d ones, a unit's minority dtype): their gradients are the
+    caller's to average."""
     return [p for p in model.parameters() if not _is_dtensor(p)]
 
 
@@ -89,6 +121,11 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     from torch.distributed.tensor import DTensor
 
     return isinstance(t, DTensor)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (a view: writing it writes the DTensor)."""
+    return cast(Any, t).to_local()
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -110,10 +147,77 @@ def full_model_state(model: nn.Module) -> dict[str, Any]:
     return get_model_state_dict(model, options=_options())
 
 
+def copy_full_into(sharded: nn.Module, whole: nn.Module) -> None:
+    """Gather ``sharded``'s parameters and buffers into ``whole``, an unsharded module of the same
+    structure, on every rank (one entry at a time: the whole state is never held twice)."""
+    source = sharded.state_dict()
+    target = whole.state_dict(keep_vars=True)
+    if source.keys() != target.keys():
+        raise ValueError(f"copy_full_into: the modules differ: {sorted(source.keys() ^ target.keys())[:5]}")
+    with torch.no_grad():
+        for key, value in source.items():
+            full = value.full_tensor() if _is_dtensor(value) else value
+            target[key].copy_(full)
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """The total gradient norm of ``params`` (sharded DTensor gradients and whole ones together; ranks
+    hold the same whole gradients), every gradient scaled to ``max_norm`` when above it (None: measured)."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    shards = [_local(g) for g in grads if _is_dtensor(g)]
+    whole = [g for g in grads if not _is_dtensor(g)]
+    device = (shards or whole)[0].device if grads else torch.device("cpu")
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    for g in shards:
+        sq += g.double().pow(2).sum()
+    if shards and dist.is_initialized():
+        dist.all_reduce(sq)
+    for g in whole:
+        sq += g.double().pow(2).sum()
+    norm = sq.sqrt().float()
+    if max_norm is not None and math.isfinite(float(norm)):
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in shards + whole:
+            g.mul_(coef.to(g.device, g.dtype))
+    return norm
+
+
+def grad_cosine(model: nn.Module, params: list[nn.Parameter], batches: Any, loss_of: Any) -> float:
+    """The cosine between the gradients of ``params`` under ``loss_of(b)`` for the two ``batches`` (every
+    rank computes the same two losses); the sharded model's gradients are left unset. Backward, not
+    ``autograd.grad``: FSDP reduces the shards' gradients in its backward hooks."""
+    import torch.distributed as dist
+
+    grads = []
+    for batch in batches:
+        model.zero_grad(set_to_none=True)
+        loss_of(batch).backward()
+        grads.append([p.grad for p in params])
+    model.zero_grad(set_to_none=True)
+    device = params[0].device  # a collective's tensor lives where the process group's backend reduces
+    sums = torch.zeros(2, 3, dtype=torch.float64, device=device)  # [sharded, whole] x [a.b, a.a, b.b]
+    for a, b, p in zip(grads[0], grads[1], params):
+        a = torch.zeros_like(p) if a is None else a
+        b = torch.zeros_like(p) if b is None else b
+        row = 0 if _is_dtensor(a) else 1
+        a, b = (_local(a), _local(b)) if row == 0 else (a, b)
+        a, b = a.double().flatten().to(device), b.double().flatten().to(device)
+        sums[row] += torch.stack([a @ b, a @ a, b @ b])
+    if dist.is_initialized():
+        dist.all_reduce(sums[0])  # a view: reduced in place
+    dot, aa, bb = (sums[0] + sums[1]).tolist()
+    return dot / max(math.sqrt(aa * bb), 1e-12)
+
+
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
     """``(model state, optimizer state)`` as one process saves them, on rank 0; ``({}, {})`` elsewhere."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    if not optimizer.state:  # never stepped (an RL update skipped): get_state_dict would take a zero step
+        model_sd = full_model_state(model)
+        return model_sd, (optimizer.state_dict() if model_sd else {})
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_options())
     return model_sd, (_by_position(optim_sd) if optim_sd else {})
 
@@ -123,8 +227,12 @@ def load_full_state(
 ) -> None:
     """Shard a single-process checkpoint's state (every rank passes the whole of it) into the model and
     the optimizer."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
+    if not optim_sd.get("state"):  # saved before the first step: set_state_dict would take a zero step
+        set_model_state_dict(model, model_sd, options=StateDictOptions(full_state_dict=True))
+        optimizer.load_state_dict(optim_sd)
+        return
     set_state_dict(
         model,
         optimizer,

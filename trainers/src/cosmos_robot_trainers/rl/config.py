@@ -236,6 +236,9 @@ class TrainConfig(StrictModel):
     progress: bool = True  # progress bar on stderr
     # iterations between split-half gradient-cosine health checks (grad_cosine_split_half; 0: never)
     grad_cosine_every: int = Field(default=1, ge=0)
+    # data-parallel learners (--nproc N): shard the learner's parameters, gradients and AdamW state (FSDP2);
+    # each rank keeps a whole copy for its rollouts, refreshed from the shards after every update
+    fsdp: bool = False
 
 
 class EvalConfig(EvalSchedule):
@@ -364,6 +367,7 @@ RUNTIME_FIELDS = frozenset(
         "train.max_wall_minutes",
         "train.progress",
         "train.grad_cosine_every",
+        "train.fsdp",
         "train.iterations",
         "output",
         "eval",

@@ -22,6 +22,8 @@ the same minibatches from the same generator; each takes its contiguous share of
 (``rank_share``), weights its loss by that share so that the gradients averaged over ranks are the
 whole minibatch's (``accumulated_step``), and the metrics are combined with the same weights
 (``Means.result``). One process is the world of one, where all of this is the identity.
+A sharded learner (``train.fsdp``) gathers its blocks in every forward, so every rank runs the same
+number of micro-batches (the most any rank needs; a rank with fewer rows computes one at weight 0).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 from cosmos_robot.distributed import World, average_gradients, max_over_ranks, rank_share, sum_over_ranks
 from cosmos_robot.policies.flow.sampling import SampleMode, recompute_log_prob
 from cosmos_robot_trainers.algorithms import get as get_algorithm
+from cosmos_robot_trainers.common import fsdp
 from cosmos_robot_trainers.rl.advantage import Advantages
 from cosmos_robot_trainers.rl.config import OptimConfig, RLConfig
 from cosmos_robot_trainers.rl.policies import RLModel
@@ -65,11 +68,15 @@ def build_optimizer(model: RLModel, config: RLConfig) -> torch.optim.AdamW:
     critic = [p for n, p in model.named_parameters() if n.startswith("value_head.")]
     actor = [p for n, p in model.named_parameters() if not n.startswith("value_head.")]
     device = next(model.parameters()).device
+    # a sharded learner that left tensors whole (a mixed-dtype checkpoint's minority, fsdp.shard_model) steps
+    # them one by one: the fused and foreach kernels take a group's DTensors and plain tensors together
+    apart = fsdp.is_sharded(model) and any(p.dim() > 0 for p in fsdp.replicated_params(model))
     return torch.optim.AdamW(
         [{"params": actor, "lr": o.actor_lr, "name": "actor"}, {"params": critic, "lr": o.critic_lr, "name": "critic"}],
         betas=o.betas,
         weight_decay=o.weight_decay,
-        fused=device.type in ("cpu", "cuda"),
+        fused=device.type in ("cpu", "cuda") and not apart,
+        foreach=False if apart else None,
     )
 
 
@@ -139,6 +146,9 @@ def accumulated_step(
     by share (``MAX_KEYS``: the largest) and the step's gradient norms."""
     size = optim.micro_batch_size
     k = 1 if size is None else max(1, math.ceil(len(rows) / size))
+    sharded = fsdp.is_sharded(model)
+    if sharded and world is not None and size is not None:  # every rank gathers the blocks as often
+        k = int(max_over_ranks(float(k), world))
     optimizer.zero_grad(set_to_none=True)
     total = torch.zeros(())
     merged: dict[str, float] = {}
@@ -162,8 +172,9 @@ def _finish_step(
     model: RLModel, optimizer: torch.optim.Optimizer, optim: OptimConfig, world: World | None
 ) -> dict[str, float]:
     """Average the gradients over ranks, clip each parameter group on its own, step; the norms."""
-    if world is not None:
-        average_gradients(model.parameters(), world)
+    sharded = fsdp.is_sharded(model)
+    if world is not None:  # FSDP reduced the shards' gradients in the backward; the rest is ours
+        average_gradients(fsdp.replicated_params(model) if sharded else model.parameters(), world)
     clips = {"actor": optim.grad_clip, "critic": optim.critic_grad_clip}
     norms: dict[str, float] = {}
     for group in optimizer.param_groups:
@@ -171,7 +182,7 @@ def _finish_step(
         if not params:
             continue
         name = str(group.get("name", "actor"))
-        norm = float(_group_norm(params, clips[name]))
+        norm = float(fsdp.clip_grad_norm(params, clips[name]) if sharded else _group_norm(params, clips[name]))
         if not math.isfinite(norm):
             raise FloatingPointError(f"{name} gradient norm is {norm}; lower optim.actor_lr / optim.critic_lr")
         norms[f"grad_norm_{name}"] = norm
@@ -380,6 +391,8 @@ def split_half_cosine(
     two halves disagree on the direction: a minibatch step is mostly noise; clearly positive means
     the iteration's data carries a shared direction."""
     params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("value_head.")]
+    if fsdp.is_sharded(model):
+        return {"grad_cosine_split_half": fsdp.grad_cosine(model, params, minibatches, loss_of)}
     flat = []
     for mb in minibatches:
         grads = torch.autograd.grad(loss_of(mb), params, allow_unused=True)

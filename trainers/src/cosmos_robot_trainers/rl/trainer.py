@@ -25,6 +25,13 @@ parts are joined on every rank, every rank computes the same advantages and take
 minibatch with the gradients averaged (``learner.py``). Models and optimizers stay identical on every
 rank, so rank 0 alone writes the run folder (metrics, checkpoints, evaluations, ``final/``) and a
 checkpoint resumes at any world size.
+
+``train.fsdp`` (with ``--nproc N``): the learner is a sharded copy of the policy's model (FSDP2,
+``common/fsdp.py``: parameters, gradients and AdamW state 1/N per rank); the adapter keeps the whole
+model for the rollouts, evaluations and the export, refreshed from the shards in the weight_sync phase
+(a rank's rollout calls the model as often as its episodes need, which no two ranks agree on, so
+rollouts cannot run on the shards; verl's "hybrid engine" splits the two the same way). Checkpoints
+gather to the one-process form, so runs cross between sharded, replicated and single-process learners.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from cosmos_robot_trainers.common import (
     TrainProgress,
     capture_rng_state,
     configure_torch,
+    fsdp,
     load_checkpoint,
     restore_rng_state,
     save_checkpoint,
@@ -162,6 +170,7 @@ class _Run:
     t0: float  # perf_counter() when this call's training started
     deadline: float  # perf_counter() past which train.max_wall_minutes stops the run
     world: World = field(default_factory=World)  # the data-parallel learner ranks
+    sharded: bool = False  # train.fsdp: ``model`` is the sharded learner, ``policy.model`` the whole copy
 
     @property
     def out(self) -> Path:
@@ -231,10 +240,15 @@ def _setup(
     method = get_method(config.trainer)
     ref_model = frozen_copy(model) if method.reference(config) else None
     old_model = frozen_copy(model) if method.old_model else None
+    sharded = world.distributed and tcfg.fsdp
+    if sharded:
+        model = _sharded_learner(policy, world, log)
+    elif tcfg.fsdp:
+        log("train.fsdp shards over data-parallel learner processes (--nproc N); this run keeps whole tensors")
     optimizer = build_optimizer(model, config)
     start, prior_wall = 0, 0.0
     if ckpt_path is not None:
-        start, prior_wall = _restore(ckpt_path, model, optimizer, old_model)
+        start, prior_wall = _restore(ckpt_path, model, optimizer, old_model, policy.model if sharded else None)
         log(f"resuming from {ckpt_path} (iteration {start})")
     mode = config.sample_mode
     k_steps = config.rollout.num_flow_steps or model.config.num_flow_steps
@@ -254,7 +268,7 @@ def _setup(
         )
     rollouts = make_rollouts(config, policy, world)
     if start > 0:  # Ray rollout workers were built from the init; a resumed learner's weights are the checkpoint's
-        rollouts.sync(model)
+        rollouts.sync(policy.model)
     t0 = time.perf_counter()
     return _Run(
         config=config,
@@ -273,7 +287,25 @@ def _setup(
         t0=t0,
         deadline=t0 + 60 * tcfg.max_wall_minutes - prior_wall if tcfg.max_wall_minutes else math.inf,
         world=world,
+        sharded=sharded,
     )
+
+
+def _sharded_learner(policy: RLAdapter, world: World, log: Callable[[str], None]) -> RLModel:
+    """``train.fsdp``: a copy of the policy's model, sharded over the learner ranks (FSDP2 units: the
+    family's ``fsdp_units`` when its adapter names them, else every block of its ModuleList stacks)."""
+    learner = copy.deepcopy(policy.model)
+    # a checkpoint that mixes dtypes keeps them (the rollouts' whole copy must compute what the shards do):
+    # each unit's minority dtype stays whole
+    units = policy.fsdp_units(learner)
+    fsdp.shard_model(learner, units=units, methods=fsdp.RL_FORWARD_METHODS, keep_dtypes=True)
+    whole = sum(p.numel() for p in fsdp.replicated_params(learner))
+    total = sum(p.numel() for p in learner.parameters())
+    log(
+        f"fsdp: learner parameters, gradients and AdamW state sharded over {world.world_size} processes ({whole} "
+        f"of {total} whole); each keeps a whole copy for its rollouts"
+    )
+    return learner
 
 
 def _serve_with_rollout_steps(config: RLConfig, policy: RLAdapter, log: Callable[[str], None]) -> None:
@@ -332,7 +364,7 @@ def _train(run: _Run, stop: int, result: RLResult, log: Callable[[str], None]) -
             result.last_metrics = metrics
             log(iteration_line(it, tcfg.iterations, metrics))
             bar.update(it, {"train_success": metrics["train_success"], "eval": metrics.get("eval_success", "-")})
-            if (it % tcfg.ckpt_every == 0 or last_iter) and main:
+            if (it % tcfg.ckpt_every == 0 or last_iter) and (main or run.sharded):  # sharded: a gather
                 _checkpoint(run, it)
             if config.output.plot and "eval_success" in metrics and main:
                 _plot(run.out)
@@ -389,28 +421,35 @@ def _check_ratio_gate(metrics: dict[str, Any], it: int) -> None:
 
 def _evaluate(run: _Run, label: str, episodes: int) -> dict[str, Any]:
     """Phase eval: a copy of the current model, served with the ODE, on held-out layouts."""
-    served = run.policy.servable(copy.deepcopy(unwrap(run.model)))
+    served = run.policy.servable(copy.deepcopy(unwrap(run.policy.model)))
     config = run.config
     return evaluate_policy(served, _eval_cfg(config, episodes), run.out / "eval" / label, f"{config.trainer}:{label}")
 
 
 def _checkpoint(run: _Run, at: int) -> None:
-    """Phase checkpoint: model, optimizer, NFT's old model, the global RNGs and the wall time."""
+    """Phase checkpoint: model, optimizer, NFT's old model, the global RNGs and the wall time (sharded:
+    every rank gathers, rank 0 writes the one-process form)."""
+    if run.sharded:
+        weights, optim_sd = fsdp.full_state(run.model, run.optimizer)
+        if not run.world.is_main:
+            return
+    else:
+        weights, optim_sd = run.model.state_dict(), run.optimizer.state_dict()
     wall = run.wall_s()
     state = {
-        "optimizer": run.optimizer.state_dict(),
+        "optimizer": optim_sd,
         "old_model": run.old_model.state_dict() if run.old_model is not None else None,
         "rng": capture_rng_state(),
         "wall_s": wall,
     }
     keep = run.config.train.keep_checkpoints
-    save_checkpoint(run.out / CHECKPOINTS, at, run.model.state_dict(), state, {"wall_s": round(wall, 1)}, keep)
+    save_checkpoint(run.out / CHECKPOINTS, at, weights, state, {"wall_s": round(wall, 1)}, keep)
 
 
 def _export_and_evaluate(run: _Run, result: RLResult, log: Callable[[str], None]) -> None:
     """Phase export: ``final/`` (a ``FlowPolicy`` folder), the final evaluation and the learning curve."""
     config, it = run.config, result.iteration
-    served = run.policy.servable(copy.deepcopy(unwrap(run.model)))
+    served = run.policy.servable(copy.deepcopy(unwrap(run.policy.model)))
     result.final_dir = export_policy(served, run.out / "final", source=f"{config.trainer}:{config.name}:iter{it}")
     log(f"final policy: {result.final_dir} ({result.total_wall_s / 60:.1f} min)")
     if config.eval.final:
@@ -445,12 +484,16 @@ def _update(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iterati
 
 
 def _sync(run: _Run) -> None:
-    """Phase weight_sync: rollout workers get the new weights; NFT's old policy moves toward them."""
-    run.rollouts.sync(run.model)
+    """Phase weight_sync: the rollout model (the shards gathered into the whole copy, ``train.fsdp``) and
+    rollout workers get the new weights; NFT's old policy moves toward them."""
+    whole = run.policy.model
+    if run.sharded:
+        fsdp.copy_full_into(run.model, whole)
+    run.rollouts.sync(whole)
     if run.old_model is not None:  # NFT: old <- decay * old + (1 - decay) * theta
         d = run.config.algo.nft_old_decay
         with torch.no_grad():
-            for po, p in zip(run.old_model.parameters(), run.model.parameters()):
+            for po, p in zip(run.old_model.parameters(), whole.parameters()):
                 po.lerp_(p.detach(), 1.0 - d)
 
 
@@ -461,11 +504,21 @@ def _plot(out: Path) -> None:
 
 
 def _restore(
-    path: Path, model: RLModel, optimizer: torch.optim.Optimizer, old_model: RLModel | None
+    path: Path,
+    model: RLModel,
+    optimizer: torch.optim.Optimizer,
+    old_model: RLModel | None,
+    whole: RLModel | None = None,
 ) -> tuple[int, float]:
+    """Load a checkpoint into the learner (``whole`` given: ``model`` is sharded and ``whole`` the
+    rollouts' copy, both loaded from the one-process form)."""
     ckpt = load_checkpoint(path)
-    model.load_state_dict(ckpt.model)
-    optimizer.load_state_dict(ckpt.state["optimizer"])
+    if whole is not None:
+        whole.load_state_dict(ckpt.model)  # first: sharding the state below turns its entries into DTensors
+        fsdp.load_full_state(model, optimizer, ckpt.model, ckpt.state["optimizer"])
+    else:
+        model.load_state_dict(ckpt.model)
+        optimizer.load_state_dict(ckpt.state["optimizer"])
     if old_model is not None:
         if ckpt.state.get("old_model") is None:
             raise ValueError(f"{path}: saved without NFT's old model")

@@ -193,18 +193,8 @@ class Pi05SFTAdapter:
         return Pi05SFTModel(policy.model, policy.action_dim).to(device)
 
     def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
-        """What FSDP shards: the vision layers, and in both Gemma stacks each projection and MLP. The joint
-        attention calls a Gemma layer's parts, never the layer's ``forward``, so the layer cannot be a
-        unit; the norms (read outside their ``forward`` by the expert's modulation) and the token table
-        (read as a tensor by ``embed_prefix``) stay in the root unit, gathered for the whole loss."""
-        pi05 = _pi05(model).pi05
-        vision = pi05.paligemma_with_expert.paligemma.model.vision_tower.vision_model
-        units: list[nn.Module] = list(vision.encoder.layers)
-        for stack in (pi05._vlm, pi05._expert):
-            for layer in stack.blocks():
-                attn = layer.self_attn
-                units += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp]
-        return units
+        """The model's FSDP units (``Pi05Model.fsdp_units``); the rest stays in the root unit."""
+        return _pi05(model).pi05.fsdp_units()
 
     def _base(self) -> Pi05Policy:
         if self.base is None:

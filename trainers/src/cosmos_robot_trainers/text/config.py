@@ -74,7 +74,9 @@ class TextTrainConfig(LoopConfig):
 
     batch_size: int = Field(default=8, ge=1)  # rows per step (packed rows, or conversations without packing)
     dtype: Literal["float32", "bfloat16"] = "float32"
-    fsdp: bool = False  # data-parallel text SFT: shard parameters, gradients and AdamW state (FSDP2)
+    # data-parallel runs (--nproc N): shard parameters, gradients and AdamW state (FSDP2); the RL trainers keep
+    # a whole copy for the rollout engine, refreshed from the shards after every update
+    fsdp: bool = False
     # "sharded": every rank writes its own shards of model and AdamW state (torch.distributed.checkpoint)
     # instead of gathering them on rank 0; resumable at any world size, sharded or not; final/ stays an HF folder
     checkpoint_format: Literal["whole", "sharded"] = "whole"

@@ -23,16 +23,15 @@ from cosmos_robot.text.chat import prompt_ids, read_jsonl
 from cosmos_robot.text.engines import Completion
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
-from cosmos_robot_trainers.common import EpochBatchSampler
+from cosmos_robot_trainers.common import EpochBatchSampler, fsdp
 from cosmos_robot_trainers.text.config import TextDPOConfig
 from cosmos_robot_trainers.text.driver import (
     TextResult,
     TextRun,
     accumulated_step,
-    micro_batches,
     minibatch_epochs,
-    minibatch_share,
     score_rows,
+    share_micro_batches,
 )
 from cosmos_robot_trainers.text.grpo import completion_batch, sample_groups, sequence_log_probs
 
@@ -105,12 +104,13 @@ def dpo_update(
             micro,
             device,
             world,
+            fsdp.is_sharded(ref),
         )
         ref_c, ref_r = refs[:, 0], refs[:, 1]
 
     def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
-        mine, factor = minibatch_share(mb, world)
-        for idx in micro_batches(mine.tolist(), micro):
+        for rows, factor in share_micro_batches(mb, micro, world, fsdp.is_sharded(lm.model)):
+            idx = rows.tolist()
             pc, pr = pair_log_probs(lm.model, [pairs[i] for i in idx], lm.pad_id, rcfg.temperature, mean)
             loss, m = get_algorithm("loss", "dpo")(pc, pr, ref_c[idx], ref_r[idx], algo.beta, algo.loss)
             # MoE: the router balancing term

@@ -64,6 +64,7 @@ __all__ = [
     "minibatch_epochs",
     "minibatch_share",
     "score_rows",
+    "share_micro_batches",
 ]
 
 StepFn = Callable[[int], dict[str, float]]
@@ -93,13 +94,6 @@ class TextRun:
         if self.world.distributed and config.trainer == "text_sft" and tcfg.batch_size % self.world.world_size:
             raise ConfigError(
                 f"train.batch_size={tcfg.batch_size} is not divisible by the {self.world.world_size} training processes"
-            )
-        if self.world.distributed and tcfg.fsdp and config.trainer != "text_sft":
-            # rollouts and scoring on shards would need every rank to run the same number of forwards
-            # (generation lengths and micro-batch counts differ per rank): not built
-            raise ConfigError(
-                f"train.fsdp: the {config.trainer} trainer replicates its model (data parallel); FSDP shards "
-                "text_sft only. Unset train.fsdp"
             )
         prompts = getattr(getattr(config, "rollout", None), "prompts_per_iter", None)
         if self.world.distributed and prompts is not None and prompts % self.world.world_size:
@@ -141,6 +135,23 @@ class TextRun:
         self.optimizer, self.scheduler = build_text_optimizer(self.lm.model, config.optim, tcfg.steps)
         self.start, self.prior_wall = 0, 0.0
         self.remote_engines: list[Any] = []
+        self.rollout_model: Any = None  # FSDP: the whole copy the rollout engine samples from
+
+    def unsharded_model(self) -> Any:
+        """The learner's model with whole parameters on every rank (what the rollout engine samples from,
+        and what a PPO critic starts from): the learner itself, or with FSDP a whole copy in
+        ``train.dtype`` holding the gathered shards (a rank's generation runs as many forwards as its own
+        completions need, which no two ranks agree on, so it cannot run on the shards; verl's "hybrid
+        engine" splits the two the same way). Refreshed after every update (``_FromShards``)."""
+        if not self.sharded:
+            return self.lm.model
+        if self.rollout_model is None:
+            tcfg = self.config.train
+            with torch.random.fork_rng(devices=[]):  # a tiny model's random init must not move the seeds
+                whole = load_lm(self.config.init, self.config.model, tcfg.dtype, tcfg.device).model
+            self.rollout_model = whole.train(self.lm.model.training)
+            fsdp.copy_full_into(self.lm.model, self.rollout_model)
+        return self.rollout_model
 
     @property
     def mixed(self) -> bool:
@@ -150,15 +161,17 @@ class TextRun:
     def rollout_engine(self) -> Any:
         """The recipe's rollout engine: on this process's model (``rollout.placement = "local"``), or in a Ray
         actor of its own holding a synced copy (``"ray"``; text/remote_engine.py)."""
-        rc = self.config.rollout
+        rc, lm = self.config.rollout, self.lm
+        model = self.unsharded_model()
+        engine: Any
         if rc.placement == "ray":
             from cosmos_robot_trainers.text.remote_engine import RayEngine
 
-            engine = RayEngine(self.config, self.lm.model, self.world)
+            engine = RayEngine(self.config, model, self.world)
             self.remote_engines.append(engine)
-            return engine
-        lm = self.lm
-        return make_engine(rc.engine, lm.model, lm.tokenizer, lm.stop_ids, lm.pad_id, rc.engine_options())
+        else:
+            engine = make_engine(rc.engine, model, lm.tokenizer, lm.stop_ids, lm.pad_id, rc.engine_options())
+        return _FromShards(engine, lm.model, model) if self.sharded else engine
 
     def whole_lm(self) -> CausalLM | None:
         """The model with whole parameters on rank 0 (None elsewhere): itself, or with FSDP a fresh copy
@@ -188,6 +201,8 @@ class TextRun:
             self.ckpt_path, self.lm.model, self.optimizer, self.scheduler, sharded=self.sharded, mixed=self.mixed
         )
         self.prior_wall = float(saved.get("train_wall_s", 0.0))
+        if self.rollout_model is not None:  # the engine's whole copy takes the restored shards
+            fsdp.copy_full_into(self.lm.model, self.rollout_model)
         if load_extra is not None:
             load_extra(saved)
         self.log(f"resuming from {self.ckpt_path} (step {self.start})")
@@ -296,6 +311,23 @@ def _quiet(_: str) -> None:
     pass
 
 
+class _FromShards:
+    """A rollout engine over the whole copy of a sharded learner: ``sync_weights`` gathers the shards
+    into the copy (every rank: a collective), then syncs the engine from it; the rest is the engine's."""
+
+    def __init__(self, engine: Any, learner: torch.nn.Module, whole: torch.nn.Module) -> None:
+        self.engine, self.learner, self.whole = engine, learner, whole
+
+    def sync_weights(self, model: Any) -> None:
+        if model is not self.learner:
+            raise ValueError("the rollout engine follows the sharded learner it was built for")
+        fsdp.copy_full_into(self.learner, self.whole)
+        self.engine.sync_weights(self.whole)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.engine, name)
+
+
 def micro_batches(rows: Any, size: int | None) -> list[Any]:
     """``rows`` (a 1-D tensor or a list) in consecutive pieces of ``size`` (None: one piece)."""
     n = len(rows)
@@ -304,7 +336,12 @@ def micro_batches(rows: Any, size: int | None) -> list[Any]:
 
 
 def score_rows(
-    score: Callable[[torch.Tensor], torch.Tensor], n: int, micro: int | None, device: Any, world: World | None = None
+    score: Callable[[torch.Tensor], torch.Tensor],
+    n: int,
+    micro: int | None,
+    device: Any,
+    world: World | None = None,
+    lockstep: bool = False,
 ) -> torch.Tensor:
     """``score(rows)`` (a tensor with one leading entry per row) for rows ``0..n-1``, micro-batch by
     micro-batch: the no-gradient scoring passes (old and reference log-probs, a teacher's, a critic's
@@ -314,7 +351,8 @@ def score_rows(
     are joined (``all_gather_rows``), so the pass costs 1/N of the single-process one and every row is
     still scored in the same micro-batch as in one process. With fewer micro-batches than ranks (no
     ``micro_batch_size``) the rows are split evenly instead; with fewer rows than ranks every rank
-    scores them all."""
+    scores them all. ``lockstep`` (a sharded model, which gathers its blocks in every forward): a rank
+    with fewer micro-batches than another scores its first one again and drops it."""
     rows = torch.arange(n, device=device)
     pieces = micro_batches(rows, micro)
     if world is None or not world.distributed or n < world.world_size:
@@ -323,7 +361,10 @@ def score_rows(
     if len(pieces) < size:
         pieces = list(torch.tensor_split(rows, size))
     mine = pieces[len(pieces) * rank // size : len(pieces) * (rank + 1) // size]
-    return torch.cat(all_gather_rows(torch.cat([score(p) for p in mine]), world))
+    scored = torch.cat([score(p) for p in mine])
+    for _ in range(-(-len(pieces) // size) - len(mine) if lockstep else 0):
+        score(pieces[0])
+    return torch.cat(all_gather_rows(scored, world))
 
 
 def minibatch_share(mb: torch.Tensor, world: World | None) -> tuple[torch.Tensor, float]:
@@ -335,6 +376,21 @@ def minibatch_share(mb: torch.Tensor, world: World | None) -> tuple[torch.Tensor
         return mb, 1.0
     rows, weight = rank_share(mb, world)
     return rows, (float(world.world_size) if weight else 0.0)
+
+
+def share_micro_batches(
+    mb: torch.Tensor, micro: int | None, world: World | None, lockstep: bool = False
+) -> list[tuple[Any, float]]:
+    """``(rows, factor)`` per micro-batch of this rank's share of minibatch ``mb`` (``minibatch_share``,
+    ``micro_batches``). ``lockstep`` (a sharded model): every rank runs as many micro-batches as the rank
+    with the largest share, the extra ones a stand-in row at factor 0."""
+    mine, factor = minibatch_share(mb, world)
+    out: list[tuple[Any, float]] = [(rows, factor) for rows in micro_batches(mine, micro)]
+    if lockstep and world is not None and world.distributed:
+        largest = max(1, -(-len(mb) // world.world_size))  # tensor_split: rank 0's share
+        most = len(micro_batches(range(largest), micro))
+        out += [(mine[:1], 0.0)] * (most - len(out))
+    return out
 
 
 def accumulated_step(
@@ -358,14 +414,11 @@ def accumulated_step(
         for k, v in m.items():
             metrics[k] = metrics.get(k, 0.0) + float(v) * weight
     if world is not None and world.distributed:
-        average_gradients(model.parameters(), world)
         keys = sorted(metrics)
         summed = sum_over_ranks(torch.tensor([total, *(metrics[k] for k in keys)], dtype=torch.float64), world)
         means = (summed / world.world_size).tolist()
         total, metrics = means[0], dict(zip(keys, means[1:], strict=True))
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
-    optimizer.step()
-    return total, float(norm), metrics
+    return total, finish_step(model, optimizer, grad_clip, world), metrics
 
 
 def minibatch_epochs(

@@ -43,15 +43,15 @@ from cosmos_robot.text.vision import example_prompt, image_kwargs
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import filter_groups
 from cosmos_robot_trainers.algorithms.losses import aggregate, masked_mean
+from cosmos_robot_trainers.common import fsdp
 from cosmos_robot_trainers.text.config import TextAlgoConfig, TextGRPOConfig
 from cosmos_robot_trainers.text.driver import (
     TextResult,
     TextRun,
     accumulated_step,
-    micro_batches,
     minibatch_epochs,
-    minibatch_share,
     score_rows,
+    share_micro_batches,
 )
 
 __all__ = [
@@ -349,7 +349,12 @@ def grpo_iteration(
 
         def score(net: Any) -> torch.Tensor:
             return score_rows(
-                lambda p: sequence_log_probs(net, batch.select(p), rcfg.temperature), rows.numel(), micro, device, world
+                lambda p: sequence_log_probs(net, batch.select(p), rcfg.temperature),
+                rows.numel(),
+                micro,
+                device,
+                world,
+                fsdp.is_sharded(net),
             )
 
         old = None if single else score(model)
@@ -359,9 +364,9 @@ def grpo_iteration(
 
     def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
         total = float(batch.mask[mb].sum()) if per_token else float(mb.numel())
-        mine, factor = minibatch_share(mb, world)  # data parallel: this rank's rows
-        stand_in = factor == 0.0
-        for idx in micro_batches(mine, micro):
+        # data parallel: this rank's rows (a sharded model: as many micro-batches on every rank)
+        for idx, factor in share_micro_batches(mb, micro, world, fsdp.is_sharded(model)):
+            stand_in = factor == 0.0
             sub = batch.select(idx)
             logp = sequence_log_probs(model, sub, rcfg.temperature)
             old_i = logp.detach() if old is None else old[idx]

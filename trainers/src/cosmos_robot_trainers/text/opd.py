@@ -35,15 +35,15 @@ from cosmos_robot.distributed import World, broadcast_parameters
 from cosmos_robot.text.hf import CausalLM
 from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
+from cosmos_robot_trainers.common import fsdp
 from cosmos_robot_trainers.text.config import TextOPDConfig
 from cosmos_robot_trainers.text.driver import (
     TextResult,
     TextRun,
     accumulated_step,
-    micro_batches,
     minibatch_epochs,
-    minibatch_share,
     score_rows,
+    share_micro_batches,
 )
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.state import load_lm
@@ -129,8 +129,7 @@ def _loss_parts(
 
     def parts(mb: torch.Tensor) -> Iterator[tuple[torch.Tensor, float, dict[str, Any]]]:
         total = max(float(batch.mask[mb].sum()), 1e-9)
-        mine, factor = minibatch_share(mb, world)
-        for idx in micro_batches(mine, config.optim.micro_batch_size):
+        for idx, factor in share_micro_batches(mb, config.optim.micro_batch_size, world, fsdp.is_sharded(model)):
             sub = batch.select(idx)
             share = factor * float(sub.mask.sum()) / total
             if algo.loss == "jsd":
@@ -172,6 +171,7 @@ def opd_iteration(
             ocfg.micro_batch_size,
             device,
             world,
+            fsdp.is_sharded(net),
         )
 
     with torch.no_grad():

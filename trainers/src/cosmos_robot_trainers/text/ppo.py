@@ -41,15 +41,15 @@ from cosmos_robot.text.moe import with_router_aux_loss
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms.advantages import normalize_advantages
 from cosmos_robot_trainers.algorithms.losses import masked_mean
+from cosmos_robot_trainers.common import fsdp
 from cosmos_robot_trainers.text.config import TINY_INIT, TextPPOConfig
 from cosmos_robot_trainers.text.driver import (
     TextResult,
     TextRun,
     accumulated_step,
-    micro_batches,
     minibatch_epochs,
-    minibatch_share,
     score_rows,
+    share_micro_batches,
 )
 from cosmos_robot_trainers.text.grpo import CompletionBatch, completion_batch, sample_groups, sequence_log_probs
 from cosmos_robot_trainers.text.precision import build_text_optimizer
@@ -188,13 +188,13 @@ def _score(
     temp, micro = config.rollout.temperature, config.optim.micro_batch_size
     n, device = batch.mask.shape[0], batch.mask.device
 
-    def rows(score: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        return score_rows(score, n, micro, device, world)
+    def rows(score: Callable[[torch.Tensor], torch.Tensor], net: Any) -> torch.Tensor:
+        return score_rows(score, n, micro, device, world, fsdp.is_sharded(net))
 
     with torch.no_grad():
-        old = rows(lambda p: sequence_log_probs(model, batch.select(p), temp))
-        ref_lp = None if ref is None else rows(lambda p: sequence_log_probs(ref, batch.select(p), temp))
-        values = rows(lambda p: critic_values(critic, batch.select(p)))
+        old = rows(lambda p: sequence_log_probs(model, batch.select(p), temp), model)
+        ref_lp = None if ref is None else rows(lambda p: sequence_log_probs(ref, batch.select(p), temp), ref)
+        values = rows(lambda p: critic_values(critic, batch.select(p)), critic)
     return old, ref_lp, values
 
 
@@ -229,11 +229,12 @@ def ppo_iteration(
     n = batch.mask.shape[0]
 
     def step(mb: torch.Tensor) -> dict[str, float]:
-        mine, factor = minibatch_share(mb, world)  # data parallel: this rank's rows
+        # data parallel: this rank's rows (a sharded model: as many micro-batches on every rank)
+        pieces = share_micro_batches(mb, ocfg.micro_batch_size, world, fsdp.is_sharded(model))
         total = max(float(batch.mask[mb].sum()), 1e-9)
 
         def policy_parts() -> Iterator[tuple]:
-            for idx in micro_batches(mine, ocfg.micro_batch_size):
+            for idx, factor in pieces:
                 sub = batch.select(idx)
                 logp = sequence_log_probs(model, sub, rcfg.temperature)
                 loss, m = get_algorithm("loss", "ppo")(
@@ -243,7 +244,7 @@ def ppo_iteration(
                 yield with_router_aux_loss(model, loss, m), factor * float(sub.mask.sum()) / total, m
 
         def critic_parts() -> Iterator[tuple]:
-            for idx in micro_batches(mine, ocfg.micro_batch_size):
+            for idx, factor in pieces:
                 sub = batch.select(idx)
                 vloss, m = get_algorithm("loss", "value")(
                     critic_values(critic, sub), old_values[idx], returns[idx], sub.mask,
@@ -290,7 +291,7 @@ def run_text_ppo(
     run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
     lm, rc, algo = run.lm, config.rollout, config.algo
     ref = run.reference() if algo.kl_coef > 0 else None
-    critic = build_critic(config, lm.model)
+    critic = build_critic(config, run.unsharded_model())  # FSDP: from the whole copy, not the shards
     broadcast_parameters(critic, run.world)  # the value head's random init: the same on every rank
     critic_cfg = config.optim.model_copy(update={"lr": config.critic.lr, "grad_clip": config.critic.grad_clip})
     critic_opt, critic_sched = build_text_optimizer(critic, critic_cfg, config.train.steps)
