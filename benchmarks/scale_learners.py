@@ -14,6 +14,7 @@ On one machine the processes share its cores, so each case also runs one process
 threads as the N processes have together: the fair single-process baseline.
 
     .venv/bin/python benchmarks/scale_learners.py                       # this CPU: 1 and 2 processes
+    .venv/bin/python benchmarks/scale_learners.py --fsdp                # the N-process rows sharded (FSDP2)
     python benchmarks/scale_learners.py --nproc 1 2 4 --device cuda     # a multi-GPU machine (NCCL)
 """
 
@@ -70,8 +71,9 @@ def _trainer_of(recipe: str) -> str:
     return str(load_train_recipe(recipe)[0])
 
 
-def run_case(case: Case, nproc: int, threads: int, device: str, work: Path) -> dict:
-    out = work / f"{case.recipe}_p{nproc}_t{threads}"
+def run_case(case: Case, nproc: int, threads: int, device: str, work: Path, fsdp: bool = False) -> dict:
+    """One row; ``fsdp``: the run shards its model (``train.fsdp``; a one-process run ignores it)."""
+    out = work / f"{case.recipe}_p{nproc}_t{threads}{'_fsdp' if fsdp else ''}"
     if case.kind == "sft":
         every = max(1, case.length // 5)
         length = [f"train.steps={case.length}", f"train.log_every={every}", f"train.ckpt_every={every * 5}"]
@@ -81,6 +83,7 @@ def run_case(case: Case, nproc: int, threads: int, device: str, work: Path) -> d
         length = [f"train.iterations={case.length}", f"train.ckpt_every={case.length}"]
     sets = [f'output.dir="{out}"', *length, f"train.num_threads={threads}", f'train.device="{device}"',
             "train.progress=false", "output.plot=false", *case.extra]  # fmt: skip
+    sets += ["train.fsdp=true"] if fsdp else []
     cmd = [sys.executable, "-m", "cosmos_robot.cli", "train", case.recipe, f"--nproc={nproc}"]
     cmd += [f"--set={s}" for s in sets]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
@@ -89,7 +92,7 @@ def run_case(case: Case, nproc: int, threads: int, device: str, work: Path) -> d
     if done.returncode != 0:
         raise RuntimeError(f"{case.recipe} --nproc {nproc}: exit {done.returncode}\n{done.stderr[-3000:]}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    row: dict = {"nproc": nproc, "threads_each": threads}
+    row: dict = {"nproc": nproc, "threads_each": threads, **({"fsdp": True} if fsdp else {})}
     if case.kind == "sft":
         batch = int(json.loads((out / "config.resolved.json").read_text())["train"]["batch_size"])
         steps_per_s = statistics.median([float(r["steps_per_s"]) for r in records if "steps_per_s" in r][1:])
@@ -109,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nproc", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--fsdp", action="store_true", help="shard the rows of more than one process (train.fsdp)")
     args = ap.parse_args(argv)
     report: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="scale_learners_") as tmp:
@@ -118,15 +122,17 @@ def main(argv: list[str] | None = None) -> int:
             for nproc in args.nproc:
                 # on the CPU, N processes of 1 thread against 1 process of N threads (the same cores)
                 for threads in sorted({1, most // nproc} if args.device == "cpu" else {1}):
-                    row = run_case(CASES[recipe], nproc, threads, args.device, Path(tmp))
+                    sharded = args.fsdp and nproc > 1
+                    row = run_case(CASES[recipe], nproc, threads, args.device, Path(tmp), sharded)
                     rows.append(row)
                     print(recipe, row, flush=True)
             report[recipe] = rows
     print("\n| recipe | processes | threads each | rate |\n|---|---:|---:|---|")
     for recipe, rows in report.items():
         for r in rows:
-            rate = {k: v for k, v in r.items() if k not in ("nproc", "threads_each")}
-            print(f"| {recipe} | {r['nproc']} | {r['threads_each']} | {rate} |")
+            rate = {k: v for k, v in r.items() if k not in ("nproc", "threads_each", "fsdp")}
+            shown = f"{r['nproc']} (fsdp)" if r.get("fsdp") else str(r["nproc"])
+            print(f"| {recipe} | {shown} | {r['threads_each']} | {rate} |")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))
     return 0

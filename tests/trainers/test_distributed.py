@@ -293,7 +293,8 @@ def test_generator_trainers_train_the_single_process_curve_on_two_processes(reci
     """The Cosmos3 generator trainers data parallel: every rank makes the whole batch's draws and computes
     its share (NFT: its share of the rollout's groups too, joined on every rank), weighted; rank 0 alone
     evaluates and exports. The curve, the held-out evaluations and a resume at one process are the
-    single-process run's (gradient norms within 1e-4 relative: DPO's beta = 100 magnifies rounding)."""
+    single-process run's (gradient norms within 1e-4 relative: DPO's beta = 100 magnifies rounding), and so
+    are a sharded run's (``train.fsdp``), which one process resumes."""
     one = _train(recipe, tmp_path / "one", "train.steps=4", "train.ckpt_every=2")
     assert one.returncode == 0, one.stderr[-3000:]
     two = _train(recipe, tmp_path / "two", "train.steps=4", "train.ckpt_every=2", nproc=2)
@@ -308,11 +309,40 @@ def test_generator_trainers_train_the_single_process_curve_on_two_processes(reci
         [json.loads(e)["heldout_reward"] for e in evals[0]], abs=1e-4
     )
     assert (tmp_path / "two" / "final" / "model_index.json").is_file()
-    cut = killed_after(tmp_path / "two", tmp_path / "resumed", 2)
+    # train.fsdp: the transformer sharded, rollouts / references on whole copies, rank 0 evaluating and
+    # exporting a whole copy gathered from the shards; its checkpoints are the one-process form
+    sharded = _train(recipe, tmp_path / "fsdp", "train.steps=4", "train.ckpt_every=2", "train.fsdp=true", nproc=2)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert "fsdp: the transformer's parameters, gradients and AdamW state sharded over 2" in sharded.stderr
+    for (step, loss_a, grad_a), (_, loss_b, grad_b) in zip(_curve(tmp_path / "fsdp"), curve, strict=True):
+        assert loss_a == pytest.approx(loss_b, abs=1e-5) and grad_a == pytest.approx(grad_b, rel=1e-4), step
+    rewards = [json.loads(e)["heldout_reward"] for e in (tmp_path / "fsdp" / "evals.jsonl").read_text().splitlines()]
+    assert rewards == pytest.approx([json.loads(e)["heldout_reward"] for e in evals[1]], abs=1e-4)
+    assert (tmp_path / "fsdp" / "final" / "model_index.json").is_file()
+    cut = killed_after(tmp_path / "fsdp", tmp_path / "resumed", 2)  # saved sharded, resumed by one process
     resumed = _train(recipe, cut, "train.steps=4", "train.ckpt_every=2")
     assert resumed.returncode == 0 and "step_000002 (step 2)" in resumed.stdout + resumed.stderr, resumed.stderr[-3000:]
     for (_, loss_a, grad_a), (_, loss_b, grad_b) in zip(_curve(cut)[2:], curve[2:], strict=True):
         assert loss_a == pytest.approx(loss_b, abs=1e-5) and grad_a == pytest.approx(grad_b, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_sharded_lora_dpo_takes_its_reference_from_the_shards_with_adapters_off(tmp_path: Path) -> None:
+    """Flow-DPO with LoRA under ``train.fsdp``: the reference is the sharded transformer with its adapters
+    disabled (in lockstep on every rank), the held-out implicit accuracy rank 0's whole copy with its
+    adapters disabled; the curve is the replicated run's."""
+    sets = ("train.steps=4", "train.ckpt_every=2", "lora.rank=4")
+    two = _train("debug_generator_dpo", tmp_path / "two", *sets, nproc=2)
+    assert two.returncode == 0, two.stderr[-3000:]
+    sharded = _train("debug_generator_dpo", tmp_path / "fsdp", *sets, "train.fsdp=true", nproc=2)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    for (step, loss_a, grad_a), (_, loss_b, grad_b) in zip(
+        _curve(tmp_path / "fsdp"), _curve(tmp_path / "two"), strict=True
+    ):
+        assert loss_a == pytest.approx(loss_b, abs=1e-5) and grad_a == pytest.approx(grad_b, rel=1e-4), step
+    losses = [json.loads(e)["heldout_dpo_loss"] for e in (tmp_path / "fsdp" / "evals.jsonl").read_text().splitlines()]
+    reference = [json.loads(e)["heldout_dpo_loss"] for e in (tmp_path / "two" / "evals.jsonl").read_text().splitlines()]
+    assert losses == pytest.approx(reference, abs=1e-4)
 
 
 def _without_ema(tmp_path: Path) -> str:

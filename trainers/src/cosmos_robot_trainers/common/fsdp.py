@@ -38,6 +38,10 @@ __all__ = [
     "as_master_checkpoint",
     "clip_grad_norm",
     "copy_full_into",
+    "full_optimizer_state",
+    "full_tensor",
+    "load_full_optimizer_state",
+    "load_full_params",
     "grad_cosine",
     "from_master_checkpoint",
     "full_model_state",
@@ -158,6 +162,50 @@ def copy_full_into(sharded: nn.Module, whole: nn.Module) -> None:
         for key, value in source.items():
             full = value.full_tensor() if _is_dtensor(value) else value
             target[key].copy_(full)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value on every rank (gathered when sharded: a collective)."""
+    return cast(Any, t).full_tensor() if _is_dtensor(t) else t
+
+
+def load_full_params(model: nn.Module, values: dict[str, torch.Tensor]) -> None:
+    """Set the named parameters of ``model`` (some of them, e.g. a LoRA run's trained ones) from whole
+    tensors every rank holds: a sharded parameter takes its own shard of the value."""
+    from torch.distributed.tensor import distribute_tensor
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in values.items():
+            p = params[name]
+            if _is_dtensor(p):
+                d = cast(Any, p)
+                value = distribute_tensor(value.to(d.device, d.dtype), d.device_mesh, d.placements)
+            p.copy_(value)
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state as one process saves it (keyed by position), on rank 0; ``{}`` elsewhere."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    rank0 = not dist.is_initialized() or dist.get_rank() == 0
+    if not optimizer.state:  # never stepped: get_optimizer_state_dict would take a zero step
+        return optimizer.state_dict() if rank0 else {}
+    optim_sd = get_optimizer_state_dict(model, optimizer, options=_options())
+    return _by_position(optim_sd) if optim_sd else {}
+
+
+def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, optim_sd: dict[str, Any]) -> None:
+    """Shard a one-process optimizer state (every rank passes the whole of it) into ``optimizer``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    if not optim_sd.get("state"):
+        optimizer.load_state_dict(optim_sd)
+        return
+    set_optimizer_state_dict(
+        model, optimizer, _by_name(optim_sd, model, optimizer), options=StateDictOptions(full_state_dict=True)
+    )
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> torch.Tensor:

@@ -97,6 +97,8 @@ class GenTrainConfig(LoopConfig):
     ckpt_every: int = Field(default=100, ge=1)  # a multiple of log_every
     batch_size: int = Field(default=16, ge=1)  # samples (DPO: pairs) per optimizer step
     timestep_sampling: Literal["uniform", "logit_normal"] = "logit_normal"  # how sigma in (0, 1) is drawn
+    # data-parallel runs (--nproc N): shard the transformer's parameters, gradients and AdamW state (FSDP2)
+    fsdp: bool = False
 
 
 class GenEvalConfig(StrictModel):
@@ -204,7 +206,7 @@ class GenNFTConfig(_GenBase):
 
 GENERATOR_RUNTIME_FIELDS = frozenset(
     {"name", "train.log_every", "train.ckpt_every", "train.keep_checkpoints", "train.max_wall_minutes",
-     "train.progress", "output", "eval"}
+     "train.progress", "train.fsdp", "output", "eval"}
 )  # fmt: skip
 
 

@@ -15,7 +15,6 @@ each pair scored under ``noise_draws`` fixed ``(sigma, eps)`` draws, a tie count
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -218,9 +217,12 @@ def run_generator_dpo(
     run = GenRun(config, resume=resume, overwrite=overwrite, log=log)
     frozen = None
     if config.lora.rank == 0:
-        frozen = copy.deepcopy(run.gen.transformer).requires_grad_(False).eval()
-    made = _pairs(run, config, run.log) if run.world.is_main else None  # rank 0 ranks / encodes them into
-    barrier(run.world)  # the run folder; the others read them there
+        frozen = run.initial_copy()
+    made = None
+    if run.world.is_main:  # rank 0 ranks / encodes them into the run folder (FSDP: on its whole copy)
+        with run.whole():
+            made = _pairs(run, config, run.log)
+    barrier(run.world)  # the others read them there
     train, held = made if made is not None else _pairs(run, config, run.log)
     sampler = EpochBatchSampler(len(train), config.train.batch_size, config.train.seed)
     run.restore(lambda extra: sampler.load_state_dict(extra["sampler"]))

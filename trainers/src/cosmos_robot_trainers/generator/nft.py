@@ -26,6 +26,7 @@ import torch
 from cosmos_robot.distributed import all_gather_rows, mean_over_ranks
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.algorithms import nft_optimality
+from cosmos_robot_trainers.common import fsdp
 from cosmos_robot_trainers.generator.config import GenNFTConfig
 from cosmos_robot_trainers.generator.flow import draw_sigmas, noised, optimizer_step, prompt_ids
 from cosmos_robot_trainers.generator.run import GenResult, GenRun
@@ -89,8 +90,8 @@ def _rollout(run: GenRun, old: Any) -> tuple[torch.Tensor, list[str], np.ndarray
 @torch.no_grad()
 def _ema(old: Any, run: GenRun, decay: float) -> None:
     params = dict(old.named_parameters())
-    for name, p in run.trainable.items():
-        params[name].mul_(decay).add_(p.detach(), alpha=1.0 - decay)
+    for name, p in run.trainable.items():  # FSDP: each gathered whole (every rank: a collective)
+        params[name].mul_(decay).add_(fsdp.full_tensor(p.detach()), alpha=1.0 - decay)
 
 
 def run_generator_nft(
@@ -100,7 +101,7 @@ def run_generator_nft(
     per_iter = a.prompts_per_iter * a.group_size
     updates = a.epochs * per_iter // tcfg.batch_size
     run = GenRun(config, resume=resume, overwrite=overwrite, log=log, updates_per_step=updates)
-    old = copy.deepcopy(run.gen.transformer).requires_grad_(False).eval()
+    old = run.initial_copy()
     ref = copy.deepcopy(old) if a.kl_coef > 0 else None  # the initial model (before any restore)
 
     def load_extra(extra: dict[str, Any]) -> None:

@@ -22,7 +22,8 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from cosmos_robot_trainers.common import (
     TrainProgress,
     capture_rng_state,
     configure_torch,
+    fsdp,
     latest_checkpoint,
     load_checkpoint,
     restore_rng_state,
@@ -178,6 +180,18 @@ class GenRun:
         if self.world.distributed:
             ws, per = self.world.world_size, tcfg.batch_size // self.world.world_size
             self.log(f"data parallel: {ws} processes ({self.world.backend}), {per} samples of each batch per process")
+        self.sharded = self.world.distributed and tcfg.fsdp
+        # FSDP: a whole copy beside the shards, for what runs on one rank or off the training lockstep:
+        # the initial model the trainers copy (NFT's old policy, the references), evaluations, DPO's
+        # ranking, the export and the report (``whole()``, refreshed from the shards by ``gather()``)
+        self.unsharded: Any = copy.deepcopy(tr) if self.sharded else None
+        if self.sharded:
+            fsdp.shard_model(tr, methods=(), keep_dtypes=True)
+            n = self.world.world_size
+            self.log(f"fsdp: the transformer's parameters, gradients and AdamW state sharded over {n} processes; "
+                     "each keeps a whole copy for evaluation and export")  # fmt: skip
+        elif tcfg.fsdp:
+            self.log("train.fsdp shards over data-parallel processes (--nproc N); this run keeps whole tensors")
         self.trainable = {n: p for n, p in tr.named_parameters() if p.requires_grad}
         groups = [{"params": list(self.trainable.values()), "weight_decay": config.optim.weight_decay}]
         self.optimizer, self.scheduler = build_optimizer(tr, config.optim, tcfg.steps * updates_per_step, groups=groups)
@@ -197,9 +211,31 @@ class GenRun:
         lo, hi = shard_range(total, self.world, what)
         return slice(lo, hi), self.world.world_size * (hi - lo) / total
 
+    def initial_copy(self) -> Any:
+        """A frozen whole copy of the transformer as it is now (before training: the initial model)."""
+        source = self.unsharded if self.sharded else self.gen.transformer
+        return copy.deepcopy(source).requires_grad_(False).eval()
+
+    def gather(self) -> None:
+        """FSDP: the shards gathered into the whole copy (every rank: a collective); nothing otherwise."""
+        if self.sharded:
+            fsdp.copy_full_into(self.gen.transformer, self.unsharded)
+
+    @contextmanager
+    def whole(self) -> Iterator[None]:
+        """The whole copy in the pipeline's place (FSDP; as of the last ``gather``), for code one rank runs."""
+        if not self.sharded:
+            yield
+            return
+        was = self.unsharded.training
+        with self.gen.using(self.unsharded.train(self.gen.transformer.training)):
+            yield
+        self.unsharded.train(was)
+
     # --- state ---------------------------------------------------------------------------------------
     def trained_state(self) -> dict[str, torch.Tensor]:
-        return {n: p.detach() for n, p in self.trainable.items()}
+        """The trained parameters, whole (FSDP: gathered on every rank, a collective)."""
+        return {n: fsdp.full_tensor(p.detach()) for n, p in self.trainable.items()}
 
     def restore(self, load_extra: Callable[[dict[str, Any]], None] | None = None) -> None:
         if self.ckpt_path is None:
@@ -208,10 +244,11 @@ class GenRun:
         missing = sorted(set(self.trainable) - set(ck.model))
         if missing:
             raise ValueError(f"{self.ckpt_path}: checkpoint lacks trained parameters {missing[:3]}")
-        with torch.no_grad():
-            for name, param in self.trainable.items():
-                param.copy_(ck.model[name])
-        self.optimizer.load_state_dict(ck.state["optimizer"])
+        fsdp.load_full_params(self.gen.transformer, {name: ck.model[name] for name in self.trainable})
+        if self.sharded:
+            fsdp.load_full_optimizer_state(self.gen.transformer, self.optimizer, ck.state["optimizer"])
+        else:
+            self.optimizer.load_state_dict(ck.state["optimizer"])
         self.scheduler.load_state_dict(ck.state["scheduler"])
         restore_rng_state(ck.state["rng"])
         self.generator.set_state(ck.state["generator"])
@@ -222,10 +259,13 @@ class GenRun:
         self.log(f"resumed from {self.ckpt_path} (step {ck.step})")
 
     def save(self, step: int, wall_s: float, extra: dict[str, Any]) -> None:
+        """Rank 0 writes the one-process checkpoint (FSDP: gathered from every rank first)."""
+        trained = self.trained_state()
+        optim_sd = fsdp.full_optimizer_state(self.gen.transformer, self.optimizer) if self.sharded else None
         if not self.world.is_main:  # the same state on every rank: rank 0 writes it
             return
         state = {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optim_sd if optim_sd is not None else self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "rng": capture_rng_state(),
             "generator": self.generator.get_state(),
@@ -234,7 +274,7 @@ class GenRun:
             "extra": extra,
         }
         root, keep = self.out / _rundir.CHECKPOINTS, self.config.train.keep_checkpoints
-        save_checkpoint(root, step, self.trained_state(), state, info={"trainer": self.config.trainer}, keep_last=keep)
+        save_checkpoint(root, step, trained, state, info={"trainer": self.config.trainer}, keep_last=keep)
 
     # --- sampling and evaluation -------------------------------------------------------------------
     def generate(self, prompts: list[str], seeds: list[int]) -> torch.Tensor:
@@ -256,9 +296,14 @@ class GenRun:
 
     def evaluate(self, step: int, extra: Callable[[], dict[str, float]] | None = None) -> dict[str, float]:
         """Mean reward of held-out prompts' generations (fixed noise seeds), plus the trainer's own numbers;
-        on rank 0 (``{}`` elsewhere)."""
+        on rank 0 (``{}`` elsewhere; FSDP: the whole copy, gathered by every rank first)."""
+        self.gather()
         if not self.world.is_main:
             return {}
+        with self.whole():
+            return self._evaluate(step, extra)
+
+    def _evaluate(self, step: int, extra: Callable[[], dict[str, float]] | None) -> dict[str, float]:
         seeds = [self.config.eval.seed * 100_003 + i for i in range(len(self.heldout))]
         imgs = self.images(self.generate(self.heldout, seeds))
         scores = np.asarray(self.reward(imgs, self.heldout), np.float64)
@@ -340,17 +385,26 @@ class GenRun:
     ) -> GenResult:
         """Final evaluation, ``final/``, plot and report: for a finished run and for one stopped by the wall
         clock (its result says not finished: a rerun resumes it), not for one stopped at ``stop_at_step``."""
-        from cosmos_robot_trainers.generator.report import write_report
-
-        cfg = self.config
         wall = self.prior_wall + time.monotonic() - begin
+        self.gather()
         if not self.world.is_main:  # rank 0 evaluates and exports
             barrier(self.world)
             return GenResult(self.out, step, finished and not by_clock, None, None, wall, last)
-        final_dir = None
-        export = finished or by_clock
+        with self.whole():
+            final_dir = self._export(step, finished or by_clock, extra_eval)
+        resumed = None if self.ckpt_path is None else self.start
+        first = {k: v for k, v in self.evals[0].items() if k != "scores"} if self.evals else {}
+        final = {k: v for k, v in self.evals[-1].items() if k != "scores"} if self.evals else {}
+        barrier(self.world)
+        return GenResult(self.out, step, finished and not by_clock, resumed, final_dir, wall, last, first, final)
+
+    def _export(self, step: int, export: bool, extra_eval: Callable[[], dict[str, float]] | None) -> Path | None:
+        """Rank 0: the final evaluation, ``final/``, the plot, the report and evals.jsonl."""
+        from cosmos_robot_trainers.generator.report import write_report
+
+        cfg, final_dir = self.config, None
         if export and cfg.eval.final and (not self.evals or self.evals[-1]["step"] != step):
-            self.evaluate(step, extra_eval)
+            self._evaluate(step, extra_eval)
         if export:
             final_dir = self.out / "final"
             pipe = copy.copy(self.gen.pipe)
@@ -370,11 +424,7 @@ class GenRun:
         if cfg.eval.report and export and self.evals:
             write_report(self, self.out / "report.html")
         self._write_evals()
-        first = {k: v for k, v in self.evals[0].items() if k != "scores"} if self.evals else {}
-        final = {k: v for k, v in self.evals[-1].items() if k != "scores"} if self.evals else {}
-        resumed = None if self.ckpt_path is None else self.start
-        barrier(self.world)
-        return GenResult(self.out, step, finished and not by_clock, resumed, final_dir, wall, last, first, final)
+        return final_dir
 
     def _write_evals(self) -> None:
         with (self.out / "evals.jsonl").open("w") as fh:
