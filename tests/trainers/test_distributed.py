@@ -588,6 +588,28 @@ def test_sharded_ppo_learners_match_replicated_ones_and_their_checkpoints_cross(
 
 
 @pytest.mark.slow
+def test_sharded_rl_checkpoints_resume_replicated_and_export_consolidated(tmp_path: Path) -> None:
+    """``train.checkpoint_format = "sharded"`` for an RL learner: every rank writes its shards (debug GRPO's
+    first checkpoint holds an optimizer that never stepped: nothing of it is written, and the resume keeps
+    it fresh); replicated learners resume them with the same iteration 2, and ``cosmos-robot export``
+    consolidates the last one into the weights ``final/`` holds."""
+    sharded = _rl("debug_grpo", tmp_path / "fsdp", "train.fsdp=true", 'train.checkpoint_format="sharded"', nproc=2)
+    assert sharded.returncode == 0, sharded.stderr[-3000:]
+    assert (tmp_path / "fsdp" / "checkpoints" / "step_000001" / "sharded" / ".metadata").is_file()
+    assert not (tmp_path / "fsdp" / "checkpoints" / "step_000001" / "model.safetensors").exists()
+    cut = killed_after(tmp_path / "fsdp", tmp_path / "cut", 1)
+    resumed = _rl("debug_grpo", cut, nproc=2)
+    assert resumed.returncode == 0 and "step_000001" in resumed.stderr, resumed.stderr[-3000:]
+    _same_iterations(cut, tmp_path / "fsdp")
+    cmd = [sys.executable, "-m", "cosmos_robot.cli", "export", str(tmp_path / "fsdp"), "--out", str(tmp_path / "x")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    exported = load_file(tmp_path / "x" / "model.safetensors")
+    final = load_file(tmp_path / "fsdp" / "final" / "model.safetensors")
+    assert exported.keys() == final.keys() and all(torch.equal(exported[k], final[k]) for k in final)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16_pi05", "float32_groot"])
 def test_sharded_vla_learners_match_replicated_ones(precision: str, tmp_path: Path) -> None:
     """pi0.5 (its units: the vision layers and each Gemma projection and MLP, ``Pi05Model.fsdp_units``),

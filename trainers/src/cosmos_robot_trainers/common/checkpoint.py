@@ -153,7 +153,7 @@ def save_sharded_checkpoint(
     step's temporary folder; rank 0 then adds the trainer state and renames it into place (atomic as
     ``save_checkpoint``). A collective: every rank calls it (``barrier``: the world's barrier)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     root = Path(root)
     final = root / step_dir_name(step)
@@ -164,8 +164,12 @@ def save_sharded_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir()
     barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / SHARDED_DIR))
+    if optimizer.state:
+        model_sd, optim_sd = get_state_dict(model, optimizer)
+        content = {"model": model_sd, "optim": optim_sd}
+    else:  # never stepped (an RL update skipped): get_state_dict would take a zero step; nothing to save
+        content = {"model": get_model_state_dict(model)}
+    dcp.save(content, checkpoint_id=str(tmp / SHARDED_DIR))
     barrier()
     if is_main:
         _publish(tmp, final, step, state, info, keep_last)
@@ -177,15 +181,25 @@ def load_sharded_into(folder: Path, model: torch.nn.Module, optimizer: torch.opt
     """A sharded checkpoint's model and optimizer state into ``model`` and ``optimizer``, whatever this
     run's world size and sharding (torch.distributed.checkpoint reshards on load)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_state_dict,
+        set_model_state_dict,
+        set_state_dict,
+    )
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    # partial: a parameter that never had a gradient (a head the loss does not reach) has no optimizer
-    # state in the checkpoint and keeps the fresh one; the model's own keys must all be there
-    planner = dcp.DefaultLoadPlanner(allow_partial_load=True)
-    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(folder), planner=planner)  # in place
     saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    stepped = any(k.startswith("optim.") for k in saved)  # saved before any step: the optimizer stays fresh
+    model_sd, optim_sd = get_state_dict(model, optimizer) if stepped else (get_model_state_dict(model), {})
     missing = [k for k in model_sd if f"model.{k}" not in saved]
     if missing:
         raise ValueError(f"{folder}: the sharded checkpoint has no weights for {missing[:5]}")
-    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    # partial: a parameter that never had a gradient (a head the loss does not reach) has no optimizer
+    # state in the checkpoint and keeps the fresh one; the model's own keys must all be there
+    planner = dcp.DefaultLoadPlanner(allow_partial_load=True)
+    content = {"model": model_sd, "optim": optim_sd} if stepped else {"model": model_sd}
+    dcp.load(content, checkpoint_id=str(folder), planner=planner)  # in place
+    if stepped:
+        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+    else:
+        set_model_state_dict(model, model_sd)

@@ -239,6 +239,9 @@ class TrainConfig(StrictModel):
     # data-parallel learners (--nproc N): shard the learner's parameters, gradients and AdamW state (FSDP2);
     # each rank keeps a whole copy for its rollouts, refreshed from the shards after every update
     fsdp: bool = False
+    # "sharded": every rank writes its own shards of the learner and AdamW state (torch.distributed.checkpoint)
+    # instead of rank 0 gathering them; any world size resumes, `cosmos-robot export` consolidates
+    checkpoint_format: Literal["whole", "sharded"] = "whole"
 
 
 class EvalConfig(EvalSchedule):
@@ -368,6 +371,7 @@ RUNTIME_FIELDS = frozenset(
         "train.progress",
         "train.grad_cosine_every",
         "train.fsdp",
+        "train.checkpoint_format",
         "train.iterations",
         "output",
         "eval",

@@ -58,8 +58,10 @@ from cosmos_robot_trainers.common import (
     configure_torch,
     fsdp,
     load_checkpoint,
+    load_sharded_into,
     restore_rng_state,
     save_checkpoint,
+    save_sharded_checkpoint,
     seed_everything,
 )
 from cosmos_robot_trainers.common.evaluation import EvalHookConfig, evaluate_policy
@@ -364,7 +366,8 @@ def _train(run: _Run, stop: int, result: RLResult, log: Callable[[str], None]) -
             result.last_metrics = metrics
             log(iteration_line(it, tcfg.iterations, metrics))
             bar.update(it, {"train_success": metrics["train_success"], "eval": metrics.get("eval_success", "-")})
-            if (it % tcfg.ckpt_every == 0 or last_iter) and (main or run.sharded):  # sharded: a gather
+            collective = run.sharded or tcfg.checkpoint_format == "sharded"  # every rank gathers or writes
+            if (it % tcfg.ckpt_every == 0 or last_iter) and (main or collective):
                 _checkpoint(run, it)
             if config.output.plot and "eval_success" in metrics and main:
                 _plot(run.out)
@@ -428,7 +431,20 @@ def _evaluate(run: _Run, label: str, episodes: int) -> dict[str, Any]:
 
 def _checkpoint(run: _Run, at: int) -> None:
     """Phase checkpoint: model, optimizer, NFT's old model, the global RNGs and the wall time (sharded:
-    every rank gathers, rank 0 writes the one-process form)."""
+    every rank gathers, rank 0 writes the one-process form; ``train.checkpoint_format = "sharded"``: every
+    rank writes its own shards of learner and optimizer, rank 0 the rest)."""
+    keep = run.config.train.keep_checkpoints
+    if run.config.train.checkpoint_format == "sharded":
+        wall = run.wall_s()
+        state = {
+            "old_model": run.old_model.state_dict() if run.old_model is not None else None,
+            "rng": capture_rng_state(),
+            "wall_s": wall,
+        }
+        root, info = run.out / CHECKPOINTS, {"wall_s": round(wall, 1)}
+        main = run.world.is_main
+        save_sharded_checkpoint(root, at, run.model, run.optimizer, state, info, keep, main, lambda: barrier(run.world))
+        return
     if run.sharded:
         weights, optim_sd = fsdp.full_state(run.model, run.optimizer)
         if not run.world.is_main:
@@ -442,7 +458,6 @@ def _checkpoint(run: _Run, at: int) -> None:
         "rng": capture_rng_state(),
         "wall_s": wall,
     }
-    keep = run.config.train.keep_checkpoints
     save_checkpoint(run.out / CHECKPOINTS, at, weights, state, {"wall_s": round(wall, 1)}, keep)
 
 
@@ -513,7 +528,11 @@ def _restore(
     """Load a checkpoint into the learner (``whole`` given: ``model`` is sharded and ``whole`` the
     rollouts' copy, both loaded from the one-process form)."""
     ckpt = load_checkpoint(path)
-    if whole is not None:
+    if ckpt.sharded is not None:  # each rank reads its shards, whatever the world size that wrote them
+        load_sharded_into(ckpt.sharded, model, optimizer)
+        if whole is not None:
+            fsdp.copy_full_into(model, whole)
+    elif whole is not None:
         whole.load_state_dict(ckpt.model)  # first: sharding the state below turns its entries into DTensors
         fsdp.load_full_state(model, optimizer, ckpt.model, ckpt.state["optimizer"])
     else:
