@@ -33,6 +33,8 @@ from cosmos_robot_trainers.rl.rollout import EpisodeSpec
 from cosmos_robot_trainers.rl.workers import deal_specs, env_shares
 from cosmos_robot_trainers.sft import run_sft
 from cosmos_robot_trainers.sft.data import TrainData
+from cosmos_robot_trainers.text.driver import language_units
+from cosmos_robot_trainers.text.state import load_lm
 from tests.trainers.test_rl import killed_after
 
 STEPS = 6
@@ -632,6 +634,12 @@ def test_sharded_vla_learners_match_replicated_ones(precision: str, tmp_path: Pa
     if precision == "bf16_pi05":
         assert re.search(r"\(([1-9]\d*) of \d+ whole\)", sharded.stderr)  # the float32 minority
         _near_iterations(tmp_path / "fsdp", tmp_path / "two")
+        # the replicated run's checkpoint asks for the fused AdamW kernel, which this sharded learner (whole
+        # float32 tensors beside bf16 shards) cannot take: it keeps its own kernels
+        cut = killed_after(tmp_path / "two", tmp_path / "resharded", 1)
+        resumed = _rl(recipe, cut, *sets, "train.fsdp=true", nproc=2)
+        assert resumed.returncode == 0 and "step_000001" in resumed.stderr, resumed.stderr[-3000:]
+        _near_iterations(cut, tmp_path / "two")
     else:
         _same_iterations(tmp_path / "fsdp", tmp_path / "two")
 
@@ -682,6 +690,18 @@ def test_text_rl_on_two_processes_trains_and_resumes_exactly(recipe: str, announ
     for key in ("reward_mean", "loss", "grad_norm", "logprob_gap_max", "completion_tokens", "teacher_kl"):
         if key in records[1]:
             assert redo[1][key] == pytest.approx(records[1][key], abs=1e-6), key
+
+
+def test_a_vision_tower_stays_in_the_root_unit_of_a_sharded_lm() -> None:
+    """Micro-batches without images skip the vision tower, and ranks need not agree on which have them;
+    FSDP gathers a unit only in its own forward, so only the language model's blocks are units."""
+    _, config = load_train_recipe("debug_text_grpo_vl")
+    lm = load_lm(config.init, config.model, "float32", "cpu")
+    names = {id(m): n for n, m in lm.model.named_modules()}
+    units = [names[id(u)] for u in language_units(lm.model)]
+    assert units and all(n.startswith("model.language_model.layers.") for n in units), units
+    stacks = [n for n, m in lm.model.named_modules() if isinstance(m, torch.nn.ModuleList)]
+    assert "model.visual.blocks" in stacks  # what the default (every ModuleList) would have sharded
 
 
 def _same_text_steps(a: Path, b: Path) -> None:

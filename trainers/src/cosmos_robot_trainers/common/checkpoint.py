@@ -200,6 +200,9 @@ def load_sharded_into(folder: Path, model: torch.nn.Module, optimizer: torch.opt
     content = {"model": model_sd, "optim": optim_sd} if stepped else {"model": model_sd}
     dcp.load(content, checkpoint_id=str(folder), planner=planner)  # in place
     if stepped:
-        set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
+        from cosmos_robot_trainers.common.fsdp import kernels_kept
+
+        with kernels_kept(optimizer):
+            set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     else:
         set_model_state_dict(model, model_sd)

@@ -4,11 +4,12 @@ Why: data parallelism (cosmos_robot/distributed.py) keeps a whole copy of the mo
 on every rank, which caps the model at what one device holds. ``fully_shard`` (torch's FSDP2) keeps a
 1/N shard per rank and gathers each block's parameters just for its forward and backward.
 
-- ``shard_model`` shards every block of the model's ``nn.ModuleList`` stacks, then the rest as one unit.
-  0-d parameters (which ``fully_shard`` refuses) stay whole on every rank; the trainer averages their
-  gradients itself (``replicated_params``).
-  It registers the families' loss method (``flow_loss``, which every SFT adapter calls instead of
-  ``forward``) as a forward, so the root's parameters are gathered for it too.
+- ``shard_model`` shards every block of the model's ``nn.ModuleList`` stacks (or the family's own
+  units), then the rest as one unit. 0-d parameters (which ``fully_shard`` refuses), and with
+  ``keep_dtypes`` each unit's minority dtype, stay whole on every rank; the trainer averages their
+  gradients itself (``replicated_params``). It registers the methods the trainer calls instead of
+  ``forward`` (SFT: ``flow_loss``; RL: ``RL_FORWARD_METHODS``) as forwards, so the root's parameters are
+  gathered for them too.
 - Checkpoints stay the single-process ones (whole tensors; the optimizer state keyed by position as
   ``optimizer.state_dict()`` keys it): ``full_state`` gathers them to rank 0 and ``load_full_state``
   shards them back, so a run resumes at any world size, sharded or not.
@@ -29,6 +30,8 @@ Every function here is a collective: every rank calls it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
@@ -47,6 +50,7 @@ __all__ = [
     "full_model_state",
     "full_state",
     "is_sharded",
+    "kernels_kept",
     "load_full_state",
     "replicated_params",
     "shard_model",
@@ -200,12 +204,13 @@ def load_full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer
     """Shard a one-process optimizer state (every rank passes the whole of it) into ``optimizer``."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    if not optim_sd.get("state"):
-        optimizer.load_state_dict(optim_sd)
-        return
-    set_optimizer_state_dict(
-        model, optimizer, _by_name(optim_sd, model, optimizer), options=StateDictOptions(full_state_dict=True)
-    )
+    with kernels_kept(optimizer):
+        if not optim_sd.get("state"):
+            optimizer.load_state_dict(optim_sd)
+            return
+        set_optimizer_state_dict(
+            model, optimizer, _by_name(optim_sd, model, optimizer), options=StateDictOptions(full_state_dict=True)
+        )
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> torch.Tensor:
@@ -279,15 +284,17 @@ def load_full_state(
 
     if not optim_sd.get("state"):  # saved before the first step: set_state_dict would take a zero step
         set_model_state_dict(model, model_sd, options=StateDictOptions(full_state_dict=True))
-        optimizer.load_state_dict(optim_sd)
+        with kernels_kept(optimizer):
+            optimizer.load_state_dict(optim_sd)
         return
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=model_sd,
-        optim_state_dict=_by_name(optim_sd, model, optimizer),
-        options=StateDictOptions(full_state_dict=True),
-    )
+    with kernels_kept(optimizer):
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=model_sd,
+            optim_state_dict=_by_name(optim_sd, model, optimizer),
+            options=StateDictOptions(full_state_dict=True),
+        )
 
 
 def as_master_checkpoint(
@@ -324,6 +331,22 @@ def from_master_checkpoint(
         if id(value) in position:
             weights[key] = optim_sd["master"][position[id(value)]]
     return weights, optim_sd["inner"]
+
+
+KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
+@contextmanager
+def kernels_kept(optimizer: Any) -> Iterator[None]:
+    """Loading an optimizer's state puts the saved groups' settings back, its kernel choice included; keep
+    the kernels this optimizer was built with (a sharded learner that left tensors whole cannot take the
+    fused kernel a one-process run saved, and a one-process run should not inherit a sharded one's
+    tensor-by-tensor steps)."""
+    groups = getattr(optimizer, "param_groups", [])
+    kept = [{k: g[k] for k in KERNEL_KEYS if k in g} for g in groups]
+    yield
+    for group, flags in zip(getattr(optimizer, "param_groups", []), kept):
+        group.update(flags)
 
 
 def _by_position(optim_sd: dict[str, Any]) -> dict[str, Any]:

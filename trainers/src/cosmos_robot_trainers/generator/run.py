@@ -248,7 +248,8 @@ class GenRun:
         if self.sharded:
             fsdp.load_full_optimizer_state(self.gen.transformer, self.optimizer, ck.state["optimizer"])
         else:
-            self.optimizer.load_state_dict(ck.state["optimizer"])
+            with fsdp.kernels_kept(self.optimizer):  # a sharded run's checkpoint saved tensor-by-tensor steps
+                self.optimizer.load_state_dict(ck.state["optimizer"])
         self.scheduler.load_state_dict(ck.state["scheduler"])
         restore_rng_state(ck.state["rng"])
         self.generator.set_state(ck.state["generator"])

@@ -387,9 +387,10 @@ def split_half_cosine(
 ) -> dict[str, float]:
     """``grad_cosine_split_half``: the cosine between the actor gradients (every parameter but the value
     head) of ``loss_of`` on two minibatches drawn from disjoint halves of the data. The model and its
-    ``.grad`` are left unchanged. Near 0 (the diagnosis: -0.04 on a 64-episode tabletop iteration) the
-    two halves disagree on the direction: a minibatch step is mostly noise; clearly positive means
-    the iteration's data carries a shared direction."""
+    ``.grad`` are left unchanged (a sharded model's gradients are left unset: ``fsdp.grad_cosine``).
+    Near 0 (the diagnosis: -0.04 on a 64-episode tabletop iteration) the two halves disagree on the
+    direction: a minibatch step is mostly noise; clearly positive means the iteration's data carries a
+    shared direction."""
     params = [p for n, p in model.named_parameters() if p.requires_grad and not n.startswith("value_head.")]
     if fsdp.is_sharded(model):
         return {"grad_cosine_split_half": fsdp.grad_cosine(model, params, minibatches, loss_of)}

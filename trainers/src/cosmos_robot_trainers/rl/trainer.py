@@ -23,8 +23,8 @@ Data-parallel learners (``torchrun`` / ``cosmos-robot train RECIPE --nproc N``):
 share of the iteration's episode groups on its share of the envs (``workers.DataParallelRollouts``), the
 parts are joined on every rank, every rank computes the same advantages and takes its share of each
 minibatch with the gradients averaged (``learner.py``). Models and optimizers stay identical on every
-rank, so rank 0 alone writes the run folder (metrics, checkpoints, evaluations, ``final/``) and a
-checkpoint resumes at any world size.
+rank, so rank 0 alone writes the run folder (metrics, checkpoints, evaluations, ``final/``; sharded
+learners gather for it first, below) and a checkpoint resumes at any world size.
 
 ``train.fsdp`` (with ``--nproc N``): the learner is a sharded copy of the policy's model (FSDP2,
 ``common/fsdp.py``: parameters, gradients and AdamW state 1/N per rank); the adapter keeps the whole
@@ -537,7 +537,8 @@ def _restore(
         fsdp.load_full_state(model, optimizer, ckpt.model, ckpt.state["optimizer"])
     else:
         model.load_state_dict(ckpt.model)
-        optimizer.load_state_dict(ckpt.state["optimizer"])
+        with fsdp.kernels_kept(optimizer):  # a sharded run's checkpoint saved tensor-by-tensor steps
+            optimizer.load_state_dict(ckpt.state["optimizer"])
     if old_model is not None:
         if ckpt.state.get("old_model") is None:
             raise ValueError(f"{path}: saved without NFT's old model")

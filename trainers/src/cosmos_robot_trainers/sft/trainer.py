@@ -548,7 +548,8 @@ def _restore(
         fsdp.load_full_state(model, optimizer, ckpt.model, state["optimizer"])
     else:
         model.load_state_dict(ckpt.model)
-        optimizer.load_state_dict(state["optimizer"])
+        with fsdp.kernels_kept(optimizer):  # a sharded run's checkpoint saved tensor-by-tensor steps
+            optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if ema is not None:
         if state.get("ema") is None:

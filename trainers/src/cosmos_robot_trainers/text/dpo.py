@@ -135,8 +135,8 @@ def run_text_dpo(
     run = TextRun(config, resume=resume, overwrite=overwrite, log=log)
     lm, algo, rcfg = run.lm, config.algo, config.rollout
     ref = run.reference()
-    engine = run.rollout_engine()
     offline = load_pairs(Path(str(config.data.path)), lm.tokenizer, lm.stop_ids[0]) if config.data.path else None
+    engine = run.rollout_engine() if offline is None else None  # offline pairs sample nothing (FSDP: no copy)
     sampler = (
         EpochBatchSampler(len(offline), min(rcfg.prompts_per_iter, len(offline)), config.train.seed)
         if offline
@@ -153,13 +153,15 @@ def run_text_dpo(
         if offline is not None and sampler is not None:
             pairs = [offline[i] for i in sampler.next_indices().tolist()]
         else:
+            assert engine is not None
             sampled = sample_groups(config, lm, engine, it, run.world)
             metrics.update(sampled.metrics)
             pairs = sampled_pairs(sampled.groups, sampled.rewards, algo.pairs_per_prompt, g)
         metrics["pairs"] = float(len(pairs))
         if pairs:
             metrics.update(dpo_update(config, lm, ref, run.optimizer, pairs, g, run.world))
-            engine.sync_weights(lm.model)
+            if engine is not None:
+                engine.sync_weights(lm.model)
         return metrics
 
     return run.loop(

@@ -89,7 +89,7 @@ class TextRun:
 
     def __init__(self, config: Any, *, resume: bool, overwrite: bool, log: Callable[[str], None]) -> None:
         tcfg = config.train
-        # data parallel (text SFT; docs/scale.md): rank 0 owns the run folder and speaks for the run
+        # data parallel (every text trainer; docs/scale.md): rank 0 owns the run folder and speaks for the run
         self.world: World = world_from_env(tcfg.device)
         if self.world.distributed and config.trainer == "text_sft" and tcfg.batch_size % self.world.world_size:
             raise ConfigError(
@@ -115,7 +115,7 @@ class TextRun:
         self.sharded = self.world.distributed and tcfg.fsdp
         self.half = torch.float32 if tcfg.dtype == "float32" else getattr(torch, tcfg.dtype)
         if self.sharded:  # a bf16 model's shards are float32 masters, computed in bf16 (common/fsdp.py)
-            fsdp.shard_model(self.lm.model, compute_dtype=self.half)
+            fsdp.shard_model(self.lm.model, compute_dtype=self.half, units=language_units(self.lm.model))
             mixed = f"; float32 masters computed in {tcfg.dtype}" if self.half != torch.float32 else ""
             self.log(
                 f"fsdp: parameters, gradients and AdamW state sharded over {self.world.world_size} processes{mixed}"
@@ -174,10 +174,14 @@ class TextRun:
         return _FromShards(engine, lm.model, model) if self.sharded else engine
 
     def whole_lm(self) -> CausalLM | None:
-        """The model with whole parameters on rank 0 (None elsewhere): itself, or with FSDP a fresh copy
-        holding the gathered weights (a collective)."""
+        """The model with whole parameters on rank 0 (None elsewhere): itself, or with FSDP the rollout
+        engine's whole copy (RL: synced after every update), else a fresh copy holding the gathered weights
+        (a collective)."""
         if not self.sharded:
             return self.lm if self.world.is_main else None
+        if self.rollout_model is not None:  # the RL trainers' whole copy, current since the last update
+            lm = self.lm
+            return CausalLM(self.rollout_model, lm.tokenizer, lm.folder, lm.processor) if self.world.is_main else None
         state = fsdp.full_model_state(self.lm.model)
         if not self.world.is_main:
             return None
@@ -309,6 +313,18 @@ class TextRun:
 
 def _quiet(_: str) -> None:
     pass
+
+
+def language_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """FSDP units of a causal LM: the blocks of its ``ModuleList`` stacks outside a vision tower. A vision
+    tower runs only for the micro-batches that have images, which ranks need not share, and every rank
+    must gather the same units; so it stays in the root unit, gathered for every forward."""
+    return [
+        block
+        for name, module in reversed(list(model.named_modules()))  # inner stacks first: FSDP nests bottom-up
+        if isinstance(module, torch.nn.ModuleList) and not any(v in name for v in ("visual", "vision"))
+        for block in module
+    ]
 
 
 class _FromShards:

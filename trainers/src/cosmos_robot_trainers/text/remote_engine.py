@@ -80,7 +80,7 @@ class _EngineActor:
 
 class RayEngine:
     """The learner's handle on an engine actor (module docstring); a ``RolloutEngine``. The actor starts at
-    the first rollout (a run that never samples, such as DPO on offline pairs, starts none)."""
+    the first rollout (a run that never samples starts none; DPO on offline pairs builds no engine)."""
 
     def __init__(self, config: Any, model: torch.nn.Module, world: World | None = None) -> None:
         rc = config.rollout

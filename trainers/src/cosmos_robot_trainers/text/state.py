@@ -90,8 +90,11 @@ def restore_text_state(
             weights, optim_sd = fsdp.from_master_checkpoint(model, weights, optim_sd)
         fsdp.load_full_state(model, optimizer, weights, optim_sd)
     else:
+        from cosmos_robot_trainers.common.fsdp import kernels_kept
+
         model.load_state_dict(ck.model)
-        optimizer.load_state_dict(ck.state["optimizer"])
+        with kernels_kept(optimizer):  # a sharded run's checkpoint saved its own kernel choice
+            optimizer.load_state_dict(ck.state["optimizer"])
     scheduler.load_state_dict(ck.state["scheduler"])
     restore_rng_state(ck.state["rng"])
     return ck.step, ck.state
