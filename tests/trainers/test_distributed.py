@@ -296,7 +296,7 @@ def test_generator_trainers_train_the_single_process_curve_on_two_processes(reci
     its share (NFT: its share of the rollout's groups too, joined on every rank), weighted; rank 0 alone
     evaluates and exports. The curve, the held-out evaluations and a resume at one process are the
     single-process run's (gradient norms within 1e-4 relative: DPO's beta = 100 magnifies rounding), and so
-    are a sharded run's (``train.fsdp``), which one process resumes."""
+    are a sharded DPO and NFT run's (``train.fsdp``), which one process resumes."""
     one = _train(recipe, tmp_path / "one", "train.steps=4", "train.ckpt_every=2")
     assert one.returncode == 0, one.stderr[-3000:]
     two = _train(recipe, tmp_path / "two", "train.steps=4", "train.ckpt_every=2", nproc=2)
@@ -311,17 +311,20 @@ def test_generator_trainers_train_the_single_process_curve_on_two_processes(reci
         [json.loads(e)["heldout_reward"] for e in evals[0]], abs=1e-4
     )
     assert (tmp_path / "two" / "final" / "model_index.json").is_file()
-    # train.fsdp: the transformer sharded, rollouts / references on whole copies, rank 0 evaluating and
-    # exporting a whole copy gathered from the shards; its checkpoints are the one-process form
-    sharded = _train(recipe, tmp_path / "fsdp", "train.steps=4", "train.ckpt_every=2", "train.fsdp=true", nproc=2)
-    assert sharded.returncode == 0, sharded.stderr[-3000:]
-    assert "fsdp: the transformer's parameters, gradients and AdamW state sharded over 2" in sharded.stderr
-    for (step, loss_a, grad_a), (_, loss_b, grad_b) in zip(_curve(tmp_path / "fsdp"), curve, strict=True):
-        assert loss_a == pytest.approx(loss_b, abs=1e-5) and grad_a == pytest.approx(grad_b, rel=1e-4), step
-    rewards = [json.loads(e)["heldout_reward"] for e in (tmp_path / "fsdp" / "evals.jsonl").read_text().splitlines()]
-    assert rewards == pytest.approx([json.loads(e)["heldout_reward"] for e in evals[1]], abs=1e-4)
-    assert (tmp_path / "fsdp" / "final" / "model_index.json").is_file()
-    cut = killed_after(tmp_path / "fsdp", tmp_path / "resumed", 2)  # saved sharded, resumed by one process
+    source = tmp_path / "two"
+    if recipe != "debug_generator_sft":  # SFT's update is theirs without the old policy and the references
+        # train.fsdp: the transformer sharded, rollouts / references on whole copies, rank 0 evaluating and
+        # exporting a whole copy gathered from the shards; its checkpoints are the one-process form
+        source = tmp_path / "fsdp"
+        sharded = _train(recipe, source, "train.steps=4", "train.ckpt_every=2", "train.fsdp=true", nproc=2)
+        assert sharded.returncode == 0, sharded.stderr[-3000:]
+        assert "fsdp: the transformer's parameters, gradients and AdamW state sharded over 2" in sharded.stderr
+        for (step, loss_a, grad_a), (_, loss_b, grad_b) in zip(_curve(source), curve, strict=True):
+            assert loss_a == pytest.approx(loss_b, abs=1e-5) and grad_a == pytest.approx(grad_b, rel=1e-4), step
+        rewards = [json.loads(e)["heldout_reward"] for e in (source / "evals.jsonl").read_text().splitlines()]
+        assert rewards == pytest.approx([json.loads(e)["heldout_reward"] for e in evals[1]], abs=1e-4)
+        assert (source / "final" / "model_index.json").is_file()
+    cut = killed_after(source, tmp_path / "resumed", 2)  # saved by 2 processes, resumed by one
     resumed = _train(recipe, cut, "train.steps=4", "train.ckpt_every=2")
     assert resumed.returncode == 0 and "step_000002 (step 2)" in resumed.stdout + resumed.stderr, resumed.stderr[-3000:]
     for (_, loss_a, grad_a), (_, loss_b, grad_b) in zip(_curve(cut)[2:], curve[2:], strict=True):
@@ -333,7 +336,7 @@ def test_sharded_lora_dpo_takes_its_reference_from_the_shards_with_adapters_off(
     """Flow-DPO with LoRA under ``train.fsdp``: the reference is the sharded transformer with its adapters
     disabled (in lockstep on every rank), the held-out implicit accuracy rank 0's whole copy with its
     adapters disabled; the curve is the replicated run's."""
-    sets = ("train.steps=4", "train.ckpt_every=2", "lora.rank=4")
+    sets = ("train.steps=2", "train.ckpt_every=2", "lora.rank=4", "eval.initial=false")
     two = _train("debug_generator_dpo", tmp_path / "two", *sets, nproc=2)
     assert two.returncode == 0, two.stderr[-3000:]
     sharded = _train("debug_generator_dpo", tmp_path / "fsdp", *sets, "train.fsdp=true", nproc=2)
@@ -563,8 +566,8 @@ def test_two_learner_ranks_match_two_rollout_workers_for_every_online_algorithm(
 def test_sharded_ppo_learners_match_replicated_ones_and_their_checkpoints_cross(tmp_path: Path) -> None:
     """Joint PPO with ``train.fsdp`` on 2 processes learns what 2 replicated learners do (the same
     episodes, losses and per-group gradient norms; the split-half cosine from the shards' gradients);
-    cut after iteration 1, a sharded run's checkpoint resumes replicated and a replicated one sharded,
-    both repeating iteration 2, and one process resumes the sharded run's checkpoint."""
+    cut after iteration 1, a sharded run's checkpoint resumes replicated with the same iteration 2 (a
+    replicated one resumes sharded: the pi0.5 test below)."""
     two = _rl("debug_joint_ppo", tmp_path / "two", nproc=2)
     assert two.returncode == 0, two.stderr[-3000:]
     sharded = _rl("debug_joint_ppo", tmp_path / "fsdp", "train.fsdp=true", nproc=2)
@@ -579,14 +582,6 @@ def test_sharded_ppo_learners_match_replicated_ones_and_their_checkpoints_cross(
     resumed = _rl("debug_joint_ppo", replicated, nproc=2)
     assert resumed.returncode == 0 and "step_000001" in resumed.stderr, resumed.stderr[-3000:]
     _same_iterations(replicated, tmp_path / "two")
-    resharded = killed_after(tmp_path / "two", tmp_path / "resharded", 1)
-    resumed = _rl("debug_joint_ppo", resharded, "train.fsdp=true", nproc=2)
-    assert resumed.returncode == 0 and "step_000001" in resumed.stderr, resumed.stderr[-3000:]
-    _same_iterations(resharded, tmp_path / "two")
-    alone = _rl("debug_joint_ppo", killed_after(tmp_path / "fsdp", tmp_path / "alone", 1))
-    assert alone.returncode == 0 and "step_000001" in alone.stderr, alone.stderr[-3000:]
-    assert "this run keeps whole tensors" not in alone.stderr  # the saved recipe had no train.fsdp
-    assert (tmp_path / "alone" / "final" / "model.safetensors").is_file()
 
 
 @pytest.mark.slow
@@ -612,36 +607,29 @@ def test_sharded_rl_checkpoints_resume_replicated_and_export_consolidated(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["bf16_pi05", "float32_groot"])
-def test_sharded_vla_learners_match_replicated_ones(precision: str, tmp_path: Path) -> None:
+def test_sharded_pi05_in_bf16_matches_replicated_learners_and_takes_their_checkpoint(tmp_path: Path) -> None:
     """pi0.5 (its units: the vision layers and each Gemma projection and MLP, ``Pi05Model.fsdp_units``),
     loaded as LeRobot loads it in bf16 (float32 vision path, norms and action projections beside bf16
-    Gemma layers: each unit's minority dtype stays whole), and GR00T (its DiT blocks) in float32, sharded
-    over 2 learner processes, learn what 2 replicated learners do (bf16: within its rounding)."""
-    sets: list[str] = []
-    recipe = "debug_joint_ppo_groot"
-    if precision == "bf16_pi05":
-        recipe, init = "debug_joint_ppo_pi05", tmp_path / "pi05_bf16"
-        shutil.copytree(ROOT / "checkpoints" / "pi05_tiny", init)
-        config = json.loads((init / "config.json").read_text())
-        (init / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
-        sets = [f'init="{init}"']
+    Gemma layers: each unit's minority dtype stays whole), sharded over 2 learner processes, learns what
+    2 replicated learners do within bf16 rounding, and resumes their checkpoint. (GR00T's units, its DiT
+    blocks, are the default ModuleList blocks the flow policy's tests cover; checked by hand.)"""
+    recipe, init = "debug_joint_ppo_pi05", tmp_path / "pi05_bf16"
+    shutil.copytree(ROOT / "checkpoints" / "pi05_tiny", init)
+    config = json.loads((init / "config.json").read_text())
+    (init / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    sets = [f'init="{init}"']
     two = _rl(recipe, tmp_path / "two", *sets, nproc=2)
     assert two.returncode == 0, two.stderr[-3000:]
     sharded = _rl(recipe, tmp_path / "fsdp", *sets, "train.fsdp=true", nproc=2)
     assert sharded.returncode == 0, sharded.stderr[-3000:]
-    assert "sharded over 2 processes" in sharded.stderr
-    if precision == "bf16_pi05":
-        assert re.search(r"\(([1-9]\d*) of \d+ whole\)", sharded.stderr)  # the float32 minority
-        _near_iterations(tmp_path / "fsdp", tmp_path / "two")
-        # the replicated run's checkpoint asks for the fused AdamW kernel, which this sharded learner (whole
-        # float32 tensors beside bf16 shards) cannot take: it keeps its own kernels
-        cut = killed_after(tmp_path / "two", tmp_path / "resharded", 1)
-        resumed = _rl(recipe, cut, *sets, "train.fsdp=true", nproc=2)
-        assert resumed.returncode == 0 and "step_000001" in resumed.stderr, resumed.stderr[-3000:]
-        _near_iterations(cut, tmp_path / "two")
-    else:
-        _same_iterations(tmp_path / "fsdp", tmp_path / "two")
+    assert re.search(r"sharded over 2 processes \(([1-9]\d*) of \d+ whole\)", sharded.stderr)  # float32 minority
+    _near_iterations(tmp_path / "fsdp", tmp_path / "two")
+    # the replicated run's checkpoint asks for the fused AdamW kernel, which this sharded learner (whole
+    # float32 tensors beside bf16 shards) cannot take: it keeps its own kernels
+    cut = killed_after(tmp_path / "two", tmp_path / "resharded", 1)
+    resumed = _rl(recipe, cut, *sets, "train.fsdp=true", nproc=2)
+    assert resumed.returncode == 0 and "step_000001" in resumed.stderr, resumed.stderr[-3000:]
+    _near_iterations(cut, tmp_path / "two")
 
 
 def _near_iterations(a: Path, b: Path) -> None:
@@ -720,7 +708,7 @@ def test_sharded_text_rl_matches_replicated_and_its_checkpoints_cross(recipe: st
     """Text GRPO and image-text PPO with ``train.fsdp`` on 2 processes: the policy in FSDP2 shards, the
     rollout engine on each rank's whole copy (refreshed after every update), the scoring passes and the
     micro-batches of 3 (uneven over 2 ranks) in lockstep; the PPO critic starts from the whole copy. They
-    log what 2 replicated processes do, and a sharded run cut after iteration 1 resumes replicated."""
+    log what 2 replicated processes do, and a sharded GRPO run cut after iteration 1 resumes replicated."""
     sets = ["eval.prompts=4", "optim.micro_batch_size=3", *(["algo.filter_groups=false"] if "grpo" in recipe else [])]
     two = _rl(recipe, tmp_path / "two", *sets, nproc=2)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -728,6 +716,8 @@ def test_sharded_text_rl_matches_replicated_and_its_checkpoints_cross(recipe: st
     assert sharded.returncode == 0, sharded.stderr[-3000:]
     assert "fsdp: parameters, gradients and AdamW state sharded over 2 processes" in sharded.stderr
     _same_text_steps(tmp_path / "fsdp", tmp_path / "two")
+    if "vl" in recipe:
+        return
     again = killed_after(tmp_path / "fsdp", tmp_path / "again", 1)
     resumed = _rl(recipe, again, *sets, nproc=2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
