@@ -23,12 +23,13 @@ from cosmos_robot.policies.groot.tiny import build_tiny_groot
 from cosmos_robot.policies.groot.training import sample_groot_time
 from cosmos_robot_exporters import ExportError, export_checkpoint
 from cosmos_robot_trainers.common import read_metrics
+from cosmos_robot_trainers.common.fsdp import clip_gradients
 from cosmos_robot_trainers.launch import load_train_recipe
 from cosmos_robot_trainers.rl import run_rl
 from cosmos_robot_trainers.sft import SFTConfig, run_sft
 from cosmos_robot_trainers.sft.groot import TUNE_PARTS, Gr00tSFTAdapter, _backbone_of, load_groot_demos
 from cosmos_robot_trainers.sft.optim import build_optimizer
-from cosmos_robot_trainers.sft.trainer import _clip, heldout_loss
+from cosmos_robot_trainers.sft.trainer import heldout_loss
 from tests.policies._pi05_helpers import libero_obs
 from tests.trainers.test_rl import debug_config
 from tests.trainers.test_sft import DETERMINISTIC, demo_root, quiet
@@ -145,7 +146,7 @@ def test_parameters_after_optimizer_steps_equal_lerobots(groot_folder: Path, dem
         ref.forward(dict(processed))[0].backward()
         _ours(adapter, data, model, 10 + k).backward()
         torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
-        _clip(model, 1.0)
+        clip_gradients(model.parameters(), 1.0)
         ref_opt.step()
         optimizer.step()
     ours = dict(model.named_parameters())

@@ -17,7 +17,8 @@ on every rank, which caps the model at what one device holds. ``fully_shard`` (t
   ``copy_full_into`` gathers them into a whole copy on every rank (the RL trainers' rollout model, which
   samples a number of times no two ranks agree on, so it cannot be sharded: verl's "hybrid engine").
 - ``clip_grad_norm`` clips sharded (DTensor) and whole gradients together: one all-reduce of the
-  shards' squared norms.
+  shards' squared norms. ``average_gradients`` then ``clip_gradients`` is every trainer's step, sharded
+  or not (robot SFT and RL, text, generator).
 - Mixed precision (``compute_dtype``): the shards are float32 master weights, gathered and computed in
   bfloat16, gradients reduced in float32 (``MixedPrecisionPolicy``): the sharded form of the text
   trainers' ``MasterWeights`` (text/precision.py). ``as_master_checkpoint`` / ``from_master_checkpoint``
@@ -235,6 +236,36 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float | None) -> torch.
         for g in shards + whole:
             g.mul_(coef.to(g.device, g.dtype))
     return norm
+
+
+def average_gradients(model: nn.Module, world: Any, params: Any = None) -> None:
+    """Average the gradients of ``model``'s parameters (or of ``params``, a subset of them) over the
+    data-parallel ranks of ``world`` (None: one process, nothing to do). A sharded model's DTensor
+    gradients were averaged by FSDP in its backward; only its whole ones (``replicated_params``) are
+    averaged here. The one rule every trainer's step follows before clipping."""
+    from cosmos_robot.distributed import average_gradients as average
+
+    if world is None:
+        return
+    chosen = list(model.parameters()) if params is None else list(params)
+    if is_sharded(model):
+        whole = {id(p) for p in replicated_params(model)}
+        chosen = [p for p in chosen if id(p) in whole]
+    average(chosen, world)
+
+
+def clip_gradients(params: Any, max_norm: float | None) -> float:
+    """The pre-clip total gradient norm of ``params``, every gradient scaled to ``max_norm`` when above it
+    (None: only measured). Sharded (DTensor) gradients go through ``clip_grad_norm`` (one all-reduce);
+    whole ones through torch's fused ``clip_grad_norm_``."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return 0.0
+    if any(_is_dtensor(p.grad) for p in params):
+        return float(clip_grad_norm(params, max_norm))
+    if max_norm is None:
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params])))
+    return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
 
 def grad_cosine(model: nn.Module, params: list[nn.Parameter], batches: Any, loss_of: Any) -> float:

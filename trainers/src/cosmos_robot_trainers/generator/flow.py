@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.distributed import average_gradients
 from cosmos_robot_trainers.common import fsdp
 
 __all__ = ["draw_sigmas", "noised", "optimizer_step", "prompt_ids"]
@@ -50,14 +49,8 @@ def optimizer_step(run: Any, loss: torch.Tensor, weight: float = 1.0) -> float:
     run.optimizer.zero_grad(set_to_none=True)
     (loss * weight if weight != 1.0 else loss).backward()
     params = list(run.trainable.values())
-    clip = run.config.optim.grad_clip
-    if run.sharded:  # FSDP reduced the shards' gradients in the backward; whole ones are averaged here
-        whole = {id(p) for p in fsdp.replicated_params(run.gen.transformer)}
-        average_gradients([p for p in params if id(p) in whole], run.world)
-        norm = fsdp.clip_grad_norm(params, clip)
-    else:
-        average_gradients(params, run.world)
-        norm = torch.nn.utils.clip_grad_norm_(params, clip if clip is not None else float("inf"))
+    fsdp.average_gradients(run.gen.transformer, run.world, params)
+    norm = fsdp.clip_gradients(params, run.config.optim.grad_clip)
     run.optimizer.step()
     run.scheduler.step()
-    return float(norm)
+    return norm

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from cosmos_robot.distributed import World, average_gradients, max_over_ranks, rank_share, sum_over_ranks
+from cosmos_robot.distributed import World, max_over_ranks, rank_share, sum_over_ranks
 from cosmos_robot.policies.flow.sampling import SampleMode, recompute_log_prob
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import fsdp
@@ -120,15 +120,6 @@ def minibatches(items: torch.Tensor, size: int, generator: torch.Generator) -> I
         yield order[start : start + size]
 
 
-def _group_norm(params: list[torch.nn.Parameter], clip: float | None) -> torch.Tensor:
-    """Pre-clip gradient norm of ``params``, clipped to ``clip`` in place (None: only measured)."""
-    if clip is not None:
-        return torch.nn.utils.clip_grad_norm_(params, clip)
-    return torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(p.grad) for p in params if p.grad is not None])
-    )
-
-
 def accumulated_step(
     model: RLModel,
     optimizer: torch.optim.Optimizer,
@@ -172,9 +163,7 @@ def _finish_step(
     model: RLModel, optimizer: torch.optim.Optimizer, optim: OptimConfig, world: World | None
 ) -> dict[str, float]:
     """Average the gradients over ranks, clip each parameter group on its own, step; the norms."""
-    sharded = fsdp.is_sharded(model)
-    if world is not None:  # FSDP reduced the shards' gradients in the backward; the rest is ours
-        average_gradients(fsdp.replicated_params(model) if sharded else model.parameters(), world)
+    fsdp.average_gradients(model, world)
     clips = {"actor": optim.grad_clip, "critic": optim.critic_grad_clip}
     norms: dict[str, float] = {}
     for group in optimizer.param_groups:
@@ -182,7 +171,7 @@ def _finish_step(
         if not params:
             continue
         name = str(group.get("name", "actor"))
-        norm = float(fsdp.clip_grad_norm(params, clips[name]) if sharded else _group_norm(params, clips[name]))
+        norm = fsdp.clip_gradients(params, clips[name])
         if not math.isfinite(norm):
             raise FloatingPointError(f"{name} gradient norm is {norm}; lower optim.actor_lr / optim.critic_lr")
         norms[f"grad_norm_{name}"] = norm

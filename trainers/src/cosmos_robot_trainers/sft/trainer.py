@@ -45,7 +45,6 @@ from cosmos_robot.config import ConfigError
 from cosmos_robot.distributed import (
     World,
     any_rank,
-    average_gradients,
     barrier,
     broadcast_parameters,
     broadcast_text,
@@ -408,9 +407,8 @@ def _train_step(run: _Run, micro: list[_Micro]) -> None:
             loss = loss * part.weight
         loss.backward()
         loss_sum += float(loss.detach())
-    # FSDP averages the sharded gradients while it reduce-scatters them; the rest are averaged here
-    average_gradients(fsdp.replicated_params(run.model) if run.sharded else run.model.parameters(), run.world)
-    grad_norm = _clip(run.model, run.config.optim.grad_clip)
+    fsdp.average_gradients(run.model, run.world)
+    grad_norm = fsdp.clip_gradients(run.model.parameters(), run.config.optim.grad_clip)
     run.optimizer.step()
     run.scheduler.step()
     if run.ema is not None:
@@ -512,16 +510,6 @@ def sft_adapter(config: SFTConfig, log: Callable[[str], None] = print) -> SFTAda
         raise TypeError(f"family {family.name!r}: sft={family.sft!r} does not implement SFTAdapter")
     adapter.load_base(config, init)
     return adapter
-
-
-def _clip(model: torch.nn.Module, max_norm: float | None) -> float:
-    if fsdp.is_sharded(model):  # DTensor gradients: the norm over every shard, then whole
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm if max_norm is not None else math.inf)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    if max_norm is None:
-        grads = [p.grad for p in model.parameters() if p.grad is not None]
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-    return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
 
 
 def _restore(

@@ -25,7 +25,6 @@ from cosmos_robot.distributed import (
     World,
     all_gather_rows,
     any_rank,
-    average_gradients,
     barrier,
     broadcast_parameters,
     broadcast_text,
@@ -474,9 +473,7 @@ def clip_and_step(
 def finish_step(model: torch.nn.Module, optimizer: Any, grad_clip: float | None, world: World | None = None) -> float:
     """After the backward pass(es): ``(average over data-parallel ranks) -> clip -> step``; the pre-clip
     gradient norm."""
-    sharded = fsdp.is_sharded(model)
-    if world is not None:  # FSDP averages its shards' gradients itself; the rest are averaged here
-        average_gradients(fsdp.replicated_params(model) if sharded else model.parameters(), world)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
+    fsdp.average_gradients(model, world)
+    norm = fsdp.clip_gradients(model.parameters(), grad_clip or None)
     optimizer.step()
-    return float(norm.full_tensor() if sharded and hasattr(norm, "full_tensor") else norm)
+    return norm
