@@ -126,8 +126,8 @@ class Runner:
         from cosmos_robot_envs.vector import EnvFactory, make_vector_env
 
         self.args, self.n, self.k, self.hold = args, args.envs, args.replan, args.hold
-        if self.k % self.hold:
-            raise SystemExit(f"--hold {self.hold} must divide --replan {self.k}")
+        if self.hold < 1 or self.k % self.hold:
+            raise SystemExit(f"--hold {self.hold}: expected a positive divisor of --replan {self.k}")
         self.base = FlowPolicy.from_pretrained(args.ckpt)
         kwargs = {"tasks": TASKS, "obs_mode": "state", "image_size": 64}
         self.venv = make_vector_env(
