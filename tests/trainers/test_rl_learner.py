@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from cosmos_robot.policies.flow.sampling import executed_mask, recompute_log_prob, sample_actions
 from cosmos_robot_trainers.launch import load_train_recipe
 from cosmos_robot_trainers.rl import RLConfig, Rollout
-from cosmos_robot_trainers.rl.advantage import Advantages
+from cosmos_robot_trainers.rl.advantage import Advantages, nft_advantages
 from cosmos_robot_trainers.rl.config import SUITE_LOGPROB_DIMS
 from cosmos_robot_trainers.rl.inputs import UpdateInputs
 from cosmos_robot_trainers.rl.learner import (
@@ -184,6 +184,44 @@ def test_nft_trains_only_the_executed_rows_and_logprob_dims() -> None:
     assert keep.tolist() == executed_mask(H, D, 2, (0, 1, 2, 5, 6)).tolist()
     assert not moved[~keep].any()  # rows beyond replan_steps and drx / dry: zero gradient
     assert moved[keep].all()
+
+
+def test_nft_episode_weighting_centres_r_and_keeps_the_policy_on_its_samples() -> None:
+    # failed episodes run longer: per decision, r's mean sits below 1/2 (net push away from the samples)
+    lengths, groups, success = [5, 5, 1, 2], [0, 0, 0, 0], [0.0, 0.0, 1.0, 1.0]
+    r = rollout(lengths, groups, success)
+    by_decision = nft_advantages(r, config("nft", "algo.group_size=4", 'algo.nft_weighting="decision"').algo)
+    assert by_decision.weights is None and float(by_decision.advantages.mean()) < 0.46
+    adv = nft_advantages(r, config("nft", "algo.group_size=4").algo)
+    w = adv.weights
+    assert w is not None and abs(float(w.mean()) - 1.0) < 1e-6
+    totals = torch.zeros(4).index_add_(0, r.episode, w)
+    assert torch.allclose(totals, totals[0].expand(4))  # every episode weighs the same
+    assert abs(float((w * (2 * adv.advantages - 1)).sum())) < 1e-5  # the group's (2r - 1) sums to zero
+    assert abs(adv.stats["r_mean_weighted"] - 0.5) < 1e-6
+
+    def fm_error(model: Stub) -> float:
+        """The flow-matching error of the model on the rollout's own samples (fixed draws)."""
+        gen = torch.Generator().manual_seed(123)
+        x0 = r.chain[:, -1]
+        noise = torch.randn((200, *x0.shape), generator=gen)
+        tt = torch.rand(200, r.num_decisions, generator=gen)[..., None, None]
+        v = model.velocity(((1 - tt) * x0 + tt * noise).flatten(0, 1), tt.flatten(), r.inputs["state"].repeat(200, 1))
+        return float(((v.detach() - (noise - x0).flatten(0, 1)) ** 2).mean())
+
+    def error_change(advantages: Advantages) -> float:
+        """fm_error after 60 iterations of one epoch each, the old policy = the current one, minus before."""
+        cfg = config("nft", "rollout.replan_steps=6", "optim.actor_lr=0.01", "optim.epochs=1")
+        model = Stub()
+        before, opt = fm_error(model), build_optimizer(model, cfg)
+        for i in range(60):
+            old = Stub()
+            old.load_state_dict(model.state_dict())
+            update_nft(model, old, opt, r, advantages, cfg, torch.Generator().manual_seed(i))  # type: ignore[arg-type]
+        return fm_error(model) - before
+
+    # decision weighting walks away from the samples; episode weighting does not
+    assert error_change(by_decision) > 0.1 and error_change(adv) < 0.0
 
 
 # --- item 1: Flow-DPO pairs ----------------------------------------------------------------------------

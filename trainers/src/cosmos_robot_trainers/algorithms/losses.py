@@ -267,6 +267,7 @@ def nft_loss(
     r: torch.Tensor,
     beta: float = 1.0,
     mask: torch.Tensor | None = None,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """DiffusionNFT negative-aware forward-process loss, paper form (notes §3.2, arXiv 2509.16117).
 
@@ -278,7 +279,8 @@ def nft_loss(
 
     ``r`` (B,) is the optimality probability in [0, 1] (``nft_optimality``). ``v_old`` is the EMA "old" policy's
     velocity and is detached here. ||·||² is taken as the masked mean over the non-batch dims (the code's MSE; a
-    constant rescaling of the sum), so padded action dims/steps do not count; the batch is then averaged.
+    constant rescaling of the sum), so padded action dims/steps do not count; the batch is then averaged,
+    each sample scaled by ``weight`` (B,) when given (the robot trainer's per-episode weighting).
 
     Not implemented here (code-form extras, notes §3.2): the x0-space adaptive weighting, the ×A_max/β scale and
     the 1e-4 KL-to-reference term; a caller can scale the loss or add ``||v_θ − v_ref||²`` itself.
@@ -291,7 +293,10 @@ def nft_loss(
     e_pos = _per_sample_mean((v_pos - tgt) ** 2, mask)
     e_neg = _per_sample_mean((v_neg - tgt) ** 2, mask)
     rr = r.float().reshape(e_pos.shape)
-    loss = (rr * e_pos + (1.0 - rr) * e_neg).mean()
+    per_sample = rr * e_pos + (1.0 - rr) * e_neg
+    if weight is not None:
+        per_sample = per_sample * weight.float().reshape(e_pos.shape)
+    loss = per_sample.mean()
     with torch.no_grad():
         metrics = {"nft_pos_mse": e_pos.mean(), "nft_neg_mse": e_neg.mean(), "r_mean": rr.mean()}
     return loss, metrics

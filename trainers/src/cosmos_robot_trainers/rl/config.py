@@ -198,6 +198,12 @@ class AlgoConfig(StrictModel):
     nft_a_max: float = Field(default=5.0, gt=0)  # nft: advantage clip A_max of the optimality probability
     nft_old_decay: float = Field(default=0.0, ge=0, lt=1)  # nft: EMA of the "old" policy (0: the rollout policy)
     nft_samples: int = Field(default=1, ge=1)  # nft, dpo: (t, noise) draws per decision and epoch
+    # nft: what one optimality probability r weighs in the loss. "episode": every episode of a kept group the
+    # same, whatever its length (its decisions share 1 / length), so a group's (2r - 1) sums to zero and the
+    # negative branch has no net push away from the data; "decision": every decision the same (failed
+    # episodes run longer, so r's decision mean sits below 1/2 and, with the old policy following the
+    # current one, the policy drifts away from its own samples geometrically: advantage.py)
+    nft_weighting: Literal["episode", "decision"] = "episode"
     dpo_beta: float = Field(default=100.0, gt=0)  # dpo: Flow-DPO beta
     dpo_pairs_per_group: int = Field(default=4, ge=1)  # dpo: (success, failure) episode pairs per group
     # dpo: what a pair compares: "trajectory" (the implicit reward summed over each episode's decisions)

@@ -89,14 +89,16 @@ def nft_minibatch_loss(
     draws: tuple[torch.Tensor, torch.Tensor],
     mask: torch.Tensor,
     beta: float,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """DiffusionNFT on decisions ``mb`` with optimality probabilities ``r[mb]`` and (noise, t) ``draws``,
-    counting only the ``mask`` elements of each chunk."""
+    counting only the ``mask`` elements of each chunk; ``weights`` (per decision) scale each one's loss."""
     v_theta, target = _errors(model, rollout, mb, *draws)
     with torch.no_grad():
         v_old, _ = _errors(old_model, rollout, mb, *draws)
     r_mb = r[mb].to(v_theta.device)
-    return get_algorithm("loss", "nft")(v_theta, v_old, target, r_mb, beta=beta, mask=mask)
+    w_mb = None if weights is None else weights[mb].to(v_theta.device)
+    return get_algorithm("loss", "nft")(v_theta, v_old, target, r_mb, beta=beta, mask=mask, weight=w_mb)
 
 
 def update_nft(
@@ -125,8 +127,9 @@ def update_nft(
             pos, weight = rank_share(torch.arange(len(mb)), world)
 
             def loss_fn(part: torch.Tensor, mb: torch.Tensor = mb, noise: Any = noise, t: Any = t) -> Any:
+                draws = (noise[part], t[part])
                 return nft_minibatch_loss(
-                    model, old_model, rollout, adv.advantages, mb[part], (noise[part], t[part]), mask, algo.nft_beta
+                    model, old_model, rollout, adv.advantages, mb[part], draws, mask, algo.nft_beta, adv.weights
                 )
 
             loss, step = accumulated_step(model, optimizer, pos, loss_fn, o, world, weight)
@@ -146,7 +149,8 @@ def nft_health(
 
     def loss_of(mb: torch.Tensor) -> torch.Tensor:
         draws = _flow_draws(len(mb), model, generator)
-        return nft_minibatch_loss(model, old_model, rollout, adv.advantages, mb, draws, mask, config.algo.nft_beta)[0]
+        beta = config.algo.nft_beta
+        return nft_minibatch_loss(model, old_model, rollout, adv.advantages, mb, draws, mask, beta, adv.weights)[0]
 
     return split_half_cosine(model, mbs, loss_of)
 
