@@ -224,6 +224,43 @@ def test_nft_episode_weighting_centres_r_and_keeps_the_policy_on_its_samples() -
     assert error_change(by_decision) > 0.1 and error_change(adv) < 0.0
 
 
+def test_nft_rollouts_sample_the_old_policy_and_its_decay_ramps() -> None:
+    from cosmos_robot_trainers.rl import trainer as rl_trainer
+    from cosmos_robot_trainers.rl.workers import LocalRollouts
+
+    model, old = Stub(1.0, seed=1), Stub(0.0, seed=2)
+    seen: list[torch.Tensor] = []
+    synced: list[Any] = []
+
+    class Recording(LocalRollouts):  # a test double of the in-process rollouts: records what it samples
+        def __init__(self) -> None:
+            pass
+
+        def collect(self, specs: Any, seed: int) -> Any:
+            seen.append(model.w.detach().clone())  # the module the in-process worker samples from
+            return "rollout"
+
+        def sync(self, m: Any) -> None:
+            synced.append(m)
+
+    run = SimpleNamespace(
+        policy=SimpleNamespace(model=model), old_model=old, rollouts=Recording(), config=config("nft"), sharded=False
+    )
+    theta = model.w.detach().clone()
+    assert rl_trainer._collect(run, [], 0) == "rollout"  # type: ignore[arg-type]
+    assert torch.equal(seen[0], old.w) and torch.equal(model.w, theta) and not torch.equal(old.w, theta)
+    run.config = config("nft", 'algo.nft_sampler="current"')
+    rl_trainer._collect(run, [], 0)  # type: ignore[arg-type]
+    assert torch.equal(seen[1], theta)
+    algo = config("nft", "algo.nft_old_decay=0.5", "algo.nft_old_decay_ramp=0.001").algo
+    assert [rl_trainer.nft_old_decay(algo, i) for i in (0, 100, 1000)] == [0.0, 0.1, 0.5]
+    # weight_sync: old <- d old + (1 - d) theta (d = 0.1 at iteration 100); the rollouts get the old policy
+    run.config = config("nft", "algo.nft_old_decay=0.5", "algo.nft_old_decay_ramp=0.001")
+    old_w = old.w.detach().clone()
+    rl_trainer._sync(run, 100)  # type: ignore[arg-type]
+    assert torch.allclose(old.w, 0.1 * old_w + 0.9 * theta) and synced == [old]
+
+
 # --- item 1: Flow-DPO pairs ----------------------------------------------------------------------------
 
 

@@ -175,7 +175,9 @@ class AlgoConfig(StrictModel):
     # (row, dim)); the advantage is broadcast (RLinf's logprob_type chunk_level / action_level / token_level)
     ratio_level: Literal["chunk", "action", "element"] = "chunk"
     entropy_coef: float = Field(default=0.0, ge=0)  # joint_ppo, grpo: entropy bonus (flow_noise; RLinf 0.005)
-    kl_coef: float = Field(default=0.0, ge=0)  # joint_ppo, grpo: k3 KL to the frozen initial policy (0: none)
+    # joint_ppo, grpo: k3 KL to the frozen initial policy; nft: DiffusionNFT's reference term, the masked
+    # mean ||v_theta - v_ref||^2 on the same (x_t, t) (0: none)
+    kl_coef: float = Field(default=0.0, ge=0)
     detach_critic: bool = False  # joint_ppo: stop value gradients at the shared trunk
     # joint_ppo: what the critic reads: "policy" (the value head on the policy's shared trunk) or
     # "privileged" (its own MLP on the env's state + object_state, tabletop only; dropped at export)
@@ -196,7 +198,13 @@ class AlgoConfig(StrictModel):
     filter_groups: bool = True  # grpo, nft: drop groups whose episodes all scored the same
     nft_beta: float = Field(default=1.0, gt=0)  # nft: guidance strength beta of v+/v-
     nft_a_max: float = Field(default=5.0, gt=0)  # nft: advantage clip A_max of the optimality probability
-    nft_old_decay: float = Field(default=0.0, ge=0, lt=1)  # nft: EMA of the "old" policy (0: the rollout policy)
+    nft_old_decay: float = Field(default=0.0, ge=0, lt=1)  # nft: EMA decay of the "old" policy (0: = theta)
+    # nft: the decay rises by this much per iteration from 0 up to nft_old_decay (DiffusionNFT's schedule:
+    # 0.001 per step up to 0.5); 0: nft_old_decay from the first iteration
+    nft_old_decay_ramp: float = Field(default=0.0, ge=0)
+    # nft: which policy the rollouts sample: "old" (DiffusionNFT collects its data with v_old, so the loss's
+    # v_old is the velocity field of the samples it regresses on) or "current" (theta, the earlier behaviour)
+    nft_sampler: Literal["old", "current"] = "old"
     nft_samples: int = Field(default=1, ge=1)  # nft, dpo: (t, noise) draws per decision and epoch
     # nft: what one optimality probability r weighs in the loss. "episode": every episode of a kept group the
     # same, whatever its length (its decisions share 1 / length), so a group's (2r - 1) sums to zero and the

@@ -85,7 +85,7 @@ def _policy_gradient_health(inp: UpdateInputs, rollout: Rollout, adv: Advantages
 
 def _nft_health(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
     assert inp.old_model is not None
-    return nft_health(inp.model, inp.old_model, rollout, adv, inp.config, inp.generator)
+    return nft_health(inp.model, inp.old_model, rollout, adv, inp.config, inp.generator, inp.ref_model)
 
 
 def _dpo_pairs(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -> tuple[torch.Tensor, Stats]:
@@ -95,7 +95,9 @@ def _dpo_pairs(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -
 
 def _update_nft(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
     assert inp.old_model is not None
-    return update_nft(inp.model, inp.old_model, inp.optimizer, rollout, adv, inp.config, inp.generator, inp.world)
+    return update_nft(
+        inp.model, inp.old_model, inp.optimizer, rollout, adv, inp.config, inp.generator, inp.world, inp.ref_model
+    )
 
 
 def _update_dpo(inp: UpdateInputs, rollout: Rollout, pairs: torch.Tensor) -> Stats:

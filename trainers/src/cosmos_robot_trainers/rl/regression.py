@@ -90,15 +90,24 @@ def nft_minibatch_loss(
     mask: torch.Tensor,
     beta: float,
     weights: torch.Tensor | None = None,
+    ref: tuple[RLModel, float] | None = None,
 ) -> tuple[torch.Tensor, dict[str, Any]]:
     """DiffusionNFT on decisions ``mb`` with optimality probabilities ``r[mb]`` and (noise, t) ``draws``,
-    counting only the ``mask`` elements of each chunk; ``weights`` (per decision) scale each one's loss."""
+    counting only the ``mask`` elements of each chunk; ``weights`` (per decision) scale each one's loss;
+    ``ref = (reference model, coefficient)`` adds the coefficient times the masked ||v_theta - v_ref||^2."""
     v_theta, target = _errors(model, rollout, mb, *draws)
     with torch.no_grad():
         v_old, _ = _errors(old_model, rollout, mb, *draws)
+        v_ref = None if ref is None else _errors(ref[0], rollout, mb, *draws)[0]
     r_mb = r[mb].to(v_theta.device)
     w_mb = None if weights is None else weights[mb].to(v_theta.device)
-    return get_algorithm("loss", "nft")(v_theta, v_old, target, r_mb, beta=beta, mask=mask, weight=w_mb)
+    loss, metrics = get_algorithm("loss", "nft")(v_theta, v_old, target, r_mb, beta=beta, mask=mask, weight=w_mb)
+    if ref is not None and v_ref is not None:
+        m = mask.to(v_theta.dtype).expand_as(v_theta)
+        kl = (((v_theta - v_ref) ** 2) * m).sum() / m.sum().clamp(min=1.0)
+        loss = loss + ref[1] * kl
+        metrics = {**metrics, "nft_ref_mse": kl.detach()}
+    return loss, metrics
 
 
 def update_nft(
@@ -110,9 +119,11 @@ def update_nft(
     config: RLConfig,
     generator: torch.Generator,
     world: World | None = None,
+    ref_model: RLModel | None = None,
 ) -> dict[str, float]:
     """DiffusionNFT epochs: x0 = the sampled chunk, r = optimality probability of its episode (``world``:
-    this rank's shares of the minibatches, ``learner.py``)."""
+    this rank's shares of the minibatches, ``learner.py``); ``ref_model`` with ``algo.kl_coef`` adds the
+    reference term."""
     o, algo = config.optim, config.algo
     world = world or World()
     keep_idx = torch.nonzero(adv.keep).flatten()
@@ -121,6 +132,7 @@ def update_nft(
     if len(keep_idx) == 0:
         return {"skipped_update": 1.0}
     mask = loss_mask(model, config)
+    ref = _nft_reference(ref_model, config)
     for _ in range(o.epochs):
         for mb in minibatches(keep_idx.repeat(algo.nft_samples), o.minibatch_size, generator):
             noise, t = _flow_draws(len(mb), model, generator)  # the whole minibatch's draws on every rank
@@ -129,7 +141,7 @@ def update_nft(
             def loss_fn(part: torch.Tensor, mb: torch.Tensor = mb, noise: Any = noise, t: Any = t) -> Any:
                 draws = (noise[part], t[part])
                 return nft_minibatch_loss(
-                    model, old_model, rollout, adv.advantages, mb[part], draws, mask, algo.nft_beta, adv.weights
+                    model, old_model, rollout, adv.advantages, mb[part], draws, mask, algo.nft_beta, adv.weights, ref
                 )
 
             loss, step = accumulated_step(model, optimizer, pos, loss_fn, o, world, weight)
@@ -137,8 +149,18 @@ def update_nft(
     return means.result(world)
 
 
+def _nft_reference(ref_model: RLModel | None, config: RLConfig) -> tuple[RLModel, float] | None:
+    return (ref_model, config.algo.kl_coef) if ref_model is not None and config.algo.kl_coef > 0 else None
+
+
 def nft_health(
-    model: RLModel, old_model: RLModel, rollout: Rollout, adv: Advantages, config: RLConfig, generator: torch.Generator
+    model: RLModel,
+    old_model: RLModel,
+    rollout: Rollout,
+    adv: Advantages,
+    config: RLConfig,
+    generator: torch.Generator,
+    ref_model: RLModel | None = None,
 ) -> dict[str, float]:
     """Split-half gradient cosine of the DiffusionNFT loss (one minibatch per half of the episodes)."""
     mbs = episode_split_minibatches(rollout, adv.keep, config.optim.minibatch_size, generator)
@@ -149,8 +171,8 @@ def nft_health(
 
     def loss_of(mb: torch.Tensor) -> torch.Tensor:
         draws = _flow_draws(len(mb), model, generator)
-        beta = config.algo.nft_beta
-        return nft_minibatch_loss(model, old_model, rollout, adv.advantages, mb, draws, mask, beta, adv.weights)[0]
+        beta, ref = config.algo.nft_beta, _nft_reference(ref_model, config)
+        return nft_minibatch_loss(model, old_model, rollout, adv.advantages, mb, draws, mask, beta, adv.weights, ref)[0]
 
     return split_half_cosine(model, mbs, loss_of)
 

@@ -12,7 +12,8 @@
   algorithm's loss, before the update, with the model unchanged;
 - update: the algorithm's epochs of minibatches (``learner.py``); the first minibatch's ratio must be 1
   within ``RATIO_GATE`` or the run stops with an error naming the cause;
-- weight_sync: Ray workers receive the new weights; NFT's "old" policy moves toward the current one.
+- weight_sync: NFT's "old" policy moves toward the current one; Ray workers receive the weights they
+  sample with (NFT samples the old policy by default, as DiffusionNFT collects its data with v_old).
 
 Exact resume: per-iteration generators are seeded from (train.seed, iteration), episode layouts
 from (env.seed, iteration), and a checkpoint holds the model, the optimizer, NFT's old model, the
@@ -73,7 +74,7 @@ from cosmos_robot_trainers.rl.learner import RATIO_GATE, build_optimizer
 from cosmos_robot_trainers.rl.methods import UpdateInputs, get_method
 from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, frozen_copy, load_rl_adapter
 from cosmos_robot_trainers.rl.rollout import Rollout, episode_specs
-from cosmos_robot_trainers.rl.workers import Rollouts, check_learner_world, make_rollouts
+from cosmos_robot_trainers.rl.workers import LocalRollouts, Rollouts, check_learner_world, make_rollouts
 
 __all__ = ["RLResult", "RatioGateError", "run_rl"]
 
@@ -270,7 +271,7 @@ def _setup(
         )
     rollouts = make_rollouts(config, policy, world)
     if start > 0:  # Ray rollout workers were built from the init; a resumed learner's weights are the checkpoint's
-        rollouts.sync(policy.model)
+        rollouts.sync(old_model if old_model is not None and config.algo.nft_sampler == "old" else policy.model)
     t0 = time.perf_counter()
     return _Run(
         config=config,
@@ -385,7 +386,7 @@ def _iteration(run: _Run, it: int) -> dict[str, Any]:
     phases = _Phases()
     t_iter = time.perf_counter()
     specs = episode_specs(config, it)
-    rollout: Rollout = phases.run("rollout", run.rollouts.collect, specs, _seed(config, it, 0))
+    rollout: Rollout = phases.run("rollout", _collect, run, specs, _seed(config, it, 0))
     metrics: dict[str, Any] = phases.run("reward", _reward_stats, rollout)
     metrics.update(phases.run("old_logprob", _check_rollout, rollout))
     gen = torch.Generator().manual_seed(_seed(config, it, 1))
@@ -396,7 +397,7 @@ def _iteration(run: _Run, it: int) -> dict[str, Any]:
         health_gen = torch.Generator().manual_seed(_seed(config, it, 2))
         metrics.update(phases.run("health", _health, run, rollout, adv, health_gen, it))
     metrics.update(phases.run("update", _update, run, rollout, adv, gen, it))
-    phases.run("weight_sync", _sync, run)
+    phases.run("weight_sync", _sync, run, it)
     iter_wall = time.perf_counter() - t_iter
     metrics.update(phases.times)
     metrics.update({f"time/rollout_{k}": round(v, 4) for k, v in rollout.wall_s.items()})
@@ -498,18 +499,50 @@ def _update(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iterati
     return get_method(run.config.trainer).update(_update_inputs(run, gen, iteration), rollout, adv)
 
 
-def _sync(run: _Run) -> None:
-    """Phase weight_sync: the rollout model (the shards gathered into the whole copy, ``train.fsdp``) and
-    rollout workers get the new weights; NFT's old policy moves toward them."""
+def _samples_from_old(run: _Run) -> bool:
+    """NFT with ``algo.nft_sampler = "old"``: the rollouts sample the old policy (DiffusionNFT's data collection)."""
+    return run.old_model is not None and run.config.algo.nft_sampler == "old"
+
+
+def _collect(run: _Run, specs: Any, seed: int) -> Rollout:
+    """Phase rollout. In-process rollouts sample from the policy's own module, so when they must sample
+    the old policy its parameters trade places with the old policy's for the rollout (and back); Ray
+    workers were sent the old policy's weights in weight_sync instead."""
+    local = isinstance(getattr(run.rollouts, "inner", run.rollouts), LocalRollouts)
+    if not (local and _samples_from_old(run)):
+        return run.rollouts.collect(specs, seed)
+    assert run.old_model is not None
+    pairs = list(zip(run.policy.model.parameters(), run.old_model.parameters(), strict=True))
+    for p, po in pairs:
+        p.data, po.data = po.data, p.data
+    try:
+        return run.rollouts.collect(specs, seed)
+    finally:
+        for p, po in pairs:
+            p.data, po.data = po.data, p.data
+
+
+def nft_old_decay(algo: Any, iteration: int) -> float:
+    """The old policy's EMA decay after iteration ``iteration`` (0-based): ``nft_old_decay``, or with
+    ``nft_old_decay_ramp`` rising from 0 by that much per iteration up to it."""
+    if algo.nft_old_decay_ramp <= 0:
+        return float(algo.nft_old_decay)
+    return float(min(algo.nft_old_decay, algo.nft_old_decay_ramp * iteration))
+
+
+def _sync(run: _Run, iteration: int) -> None:
+    """Phase weight_sync: NFT's old policy moves toward the new weights; the rollout model (the shards
+    gathered into the whole copy, ``train.fsdp``) and rollout workers get the weights they sample with
+    (the new ones, or the old policy's: ``_samples_from_old``)."""
     whole = run.policy.model
     if run.sharded:
         fsdp.copy_full_into(run.model, whole)
-    run.rollouts.sync(whole)
     if run.old_model is not None:  # NFT: old <- decay * old + (1 - decay) * theta
-        d = run.config.algo.nft_old_decay
+        d = nft_old_decay(run.config.algo, iteration)
         with torch.no_grad():
             for po, p in zip(run.old_model.parameters(), whole.parameters()):
                 po.lerp_(p.detach(), 1.0 - d)
+    run.rollouts.sync(run.old_model if _samples_from_old(run) and run.old_model is not None else whole)
 
 
 def _plot(out: Path) -> None:
