@@ -507,14 +507,16 @@ def _rl(recipe: str, out: Path, *sets: str, nproc: int = 1) -> subprocess.Comple
 
 def _same_iterations(a: Path, b: Path) -> None:
     """Equal episodes (success, return, lengths, env steps) and losses / norms within float rounding
-    (2 ranks sum the gradient in another order: 4e-7 relative on a norm of 39 here)."""
+    (2 ranks sum the gradient in another order: 4e-7 relative on a norm of 39 here). The split-half
+    cosine of two small gradients (norm 0.07 in debug NFT) is the most sensitive of them: 1e-3."""
     ra, rb = read_metrics(a), read_metrics(b)
     assert [r["step"] for r in ra] == [r["step"] for r in rb]
     for x, y in zip(ra, rb, strict=True):
         assert all(x[k] == y[k] for k in RL_KEYS_EXACT), (x, y)
         for k, v in x.items():
             if isinstance(v, float) and not k.startswith(RL_SKIP) and math.isfinite(v):
-                assert abs(v - y[k]) <= 1e-4 * max(1.0, abs(v)), (x["step"], k, v, y[k])
+                tol = 1e-3 if k == "grad_cosine_split_half" else 1e-4
+                assert abs(v - y[k]) <= tol * max(1.0, abs(v)), (x["step"], k, v, y[k])
 
 
 @pytest.mark.slow
