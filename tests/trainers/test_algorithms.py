@@ -246,6 +246,15 @@ def test_flow_dpo_trajectory_loss_sums_each_episode() -> None:
     close(loss, (math.log(1 + math.exp(-0.4)) + math.log(2)) / 2)
     close(m["implicit_acc"], 0.5)
     close(m["logit_mean"], 0.2)
+    # reduce = "mean": pair 0: winner mean −0.1, loser 0.2 -> logit = −(−0.1 − 0.2) = 0.3;
+    # pair 1: winner 0.5, loser mean 0.5/3 -> logit = −(0.5 − 1/6) = −1/3
+    loss, m = flow_dpo_trajectory_loss(
+        t(0.1, -0.3, 0.5), torch.tensor([0, 0, 1]), t(0.2, 0.0, 0.1, 0.4), torch.tensor([0, 1, 1, 1]), 2, 2.0, "mean"
+    )
+    close(loss, (math.log(1 + math.exp(-0.3)) + math.log(1 + math.exp(1 / 3))) / 2)
+    close(m["implicit_acc"], 0.5)
+    with pytest.raises(ValueError, match="reduce: expected 'sum' or 'mean'"):
+        flow_dpo_trajectory_loss(t(0.1), torch.tensor([0]), t(0.2), torch.tensor([0]), 1, reduce="max")
 
 
 # ------------------------------------------------------------------------------------------- registry

@@ -364,19 +364,32 @@ def flow_dpo_trajectory_loss(
     pair_l: torch.Tensor,
     num_pairs: int,
     beta: float = 100.0,
+    reduce: str = "sum",
 ) -> tuple[torch.Tensor, Metrics]:
     """Flow-DPO over whole episodes: Diffusion-DPO's implicit reward summed over each episode's decisions::
 
         d = e_θ(x) − e_ref(x) per decision (the ``flow_dpo`` errors, ``diff_w`` / ``diff_l``)
         L = −log σ( −β/2 · [ Σ_{decisions of w} d − Σ_{decisions of l} d ] ),  mean over the pairs
 
+    ``reduce = "mean"`` divides each episode's sum by its number of decisions (length-normalised, as
+    SimPO normalises sequence log-probs): with sums, an episode's implicit reward grows with its length.
+
     ``pair_w`` / ``pair_l`` give the pair (0..num_pairs−1) each decision belongs to. Diffusion-DPO sums the
     per-step terms of a denoising chain (arXiv 2311.12908); here the chain is the episode's sequence of
     action chunks. Metrics: ``implicit_acc`` (share of pairs with a positive logit), ``logit_mean``.
     """
-    sum_w = torch.zeros(num_pairs, device=diff_w.device).index_add(0, pair_w.to(diff_w.device), diff_w.float())
-    sum_l = torch.zeros(num_pairs, device=diff_l.device).index_add(0, pair_l.to(diff_l.device), diff_l.float())
-    logit = -0.5 * beta * (sum_w - sum_l)
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"reduce: expected 'sum' or 'mean', got {reduce!r}")
+
+    def per_pair(diff: torch.Tensor, pair: torch.Tensor) -> torch.Tensor:
+        idx = pair.to(diff.device)
+        total = torch.zeros(num_pairs, device=diff.device).index_add(0, idx, diff.float())
+        if reduce == "sum":
+            return total
+        count = torch.zeros(num_pairs, device=diff.device).index_add(0, idx, torch.ones_like(diff.float()))
+        return total / count.clamp(min=1.0)
+
+    logit = -0.5 * beta * (per_pair(diff_w, pair_w) - per_pair(diff_l, pair_l))
     loss = -F.logsigmoid(logit).mean()
     with torch.no_grad():
         metrics = {"implicit_acc": (logit > 0).float().mean(), "logit_mean": logit.mean()}

@@ -217,6 +217,11 @@ class AlgoConfig(StrictModel):
     # dpo: what a pair compares: "trajectory" (the implicit reward summed over each episode's decisions)
     # or "first_decision" (both episodes' step-0 decisions: same initial state, same observation)
     dpo_pairing: Literal["trajectory", "first_decision"] = "trajectory"
+    # dpo + trajectory: each episode's implicit reward as the "mean" over its decisions (length-normalised)
+    # or Diffusion-DPO's "sum". Why mean: failures run to the time limit, so they have more decisions; on
+    # the policy's own samples e_theta - e_ref is negative, so a sum makes the longer loser look preferred
+    # (measured: implicit accuracy 0.94 -> 0 within 11 iterations, success 32% -> 6%, beta 5 and 100)
+    dpo_trajectory_reduce: Literal["mean", "sum"] = "mean"
 
 
 class OptimConfig(StrictModel):

@@ -260,12 +260,14 @@ def trajectory_dpo_loss(
     num_pairs: int,
     mask: torch.Tensor,
     beta: float,
+    reduce: str = "sum",
 ) -> tuple[torch.Tensor, dict[str, Any]]:
-    """Whole-episode Flow-DPO: ``-log sigmoid(-beta/2 [sum_w (e_theta - e_ref) - sum_l (e_theta - e_ref)])``."""
+    """Whole-episode Flow-DPO: ``-log sigmoid(-beta/2 [sum_w (e_theta - e_ref) - sum_l (e_theta - e_ref)])``
+    (``reduce = "mean"``: each sum over the episode's decisions divided by their number)."""
     dw, ew_theta, ew_ref = _implicit_reward(model, ref_model, rollout, draws.win, draws.noise_win, draws.t_win, mask)
     dl, el_theta, el_ref = _implicit_reward(model, ref_model, rollout, draws.lose, draws.noise_lose, draws.t_lose, mask)
     loss, metrics = get_algorithm("loss", "flow_dpo_trajectory")(
-        dw, draws.win_pair, dl, draws.lose_pair, num_pairs, beta=beta
+        dw, draws.win_pair, dl, draws.lose_pair, num_pairs, beta=beta, reduce=reduce
     )
     metrics["model_margin"] = ew_theta.mean() - el_theta.mean()
     metrics["ref_margin"] = ew_ref.mean() - el_ref.mean()
@@ -312,7 +314,10 @@ def _dpo_loss_fn(
             model, ref_model, rollout, iw[rows], il[rows], (noise[rows], t[rows]), mask, beta
         )
     draws = trajectory_draws(rollout, pairs, model, generator)
-    return lambda rows: trajectory_dpo_loss(model, ref_model, rollout, draws.select(rows), len(rows), mask, beta)
+    reduce = config.algo.dpo_trajectory_reduce
+    return lambda rows: trajectory_dpo_loss(
+        model, ref_model, rollout, draws.select(rows), len(rows), mask, beta, reduce
+    )
 
 
 def update_dpo(
