@@ -271,7 +271,7 @@ def _setup(
         )
     rollouts = make_rollouts(config, policy, world)
     if start > 0:  # Ray rollout workers were built from the init; a resumed learner's weights are the checkpoint's
-        rollouts.sync(old_model if old_model is not None and config.algo.nft_sampler == "old" else policy.model)
+        rollouts.sync(_sampled_model(config, old_model, policy.model))
     t0 = time.perf_counter()
     return _Run(
         config=config,
@@ -499,9 +499,14 @@ def _update(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iterati
     return get_method(run.config.trainer).update(_update_inputs(run, gen, iteration), rollout, adv)
 
 
+def _sampled_model(config: RLConfig, old_model: RLModel | None, whole: RLModel) -> RLModel:
+    """The model the rollouts sample: NFT's old policy with ``algo.nft_sampler = "old"`` (DiffusionNFT's
+    data collection), else the current one (``whole``)."""
+    return old_model if old_model is not None and config.algo.nft_sampler == "old" else whole
+
+
 def _samples_from_old(run: _Run) -> bool:
-    """NFT with ``algo.nft_sampler = "old"``: the rollouts sample the old policy (DiffusionNFT's data collection)."""
-    return run.old_model is not None and run.config.algo.nft_sampler == "old"
+    return _sampled_model(run.config, run.old_model, run.policy.model) is not run.policy.model
 
 
 def _collect(run: _Run, specs: Any, seed: int) -> Rollout:
@@ -542,7 +547,7 @@ def _sync(run: _Run, iteration: int) -> None:
         with torch.no_grad():
             for po, p in zip(run.old_model.parameters(), whole.parameters()):
                 po.lerp_(p.detach(), 1.0 - d)
-    run.rollouts.sync(run.old_model if _samples_from_old(run) and run.old_model is not None else whole)
+    run.rollouts.sync(_sampled_model(run.config, run.old_model, whole))
 
 
 def _plot(out: Path) -> None:
