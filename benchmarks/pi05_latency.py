@@ -82,6 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip-lerobot", action="store_true", help="random native weights only (no LeRobot model)")
+    ap.add_argument(
+        "--skip-server", action="store_true", help="no served row (its warm-up compiles every batch bucket: minutes)"
+    )
     ap.add_argument("--profile", action="store_true", help="also time prefix/step split, SDPA backends, top kernels")
     ap.add_argument("--compile", action="store_true", help="torch.compile prefix and flow step under the graph")
     ap.add_argument(
@@ -93,7 +96,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="torch.compile mode for --compile (max-autotune-no-cudagraphs tunes kernels for these shapes)",
     )  # fmt: skip
     ap.add_argument("--attention", choices=["sdpa", "math"], default="sdpa", help="Pi05Model.set_attention")
-    ap.add_argument("--trim-prompt", action="store_true", help="cut the prompt's padding before the graph")
+    ap.add_argument(
+        "--trim-prompt",
+        type=int,
+        default=0,
+        metavar="N",
+        help="pin the prompt to N tokens before the graph (the policy's trim_prompt; 0: off)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     return ap.parse_args(argv)
 
@@ -227,7 +236,7 @@ def run_batch(
     noise = torch.randn((b, cfg.chunk_size, cfg.max_action_dim), generator=gen).to(dev)
     with torch.inference_mode():
         inputs = eager.prepare(obs)
-        row: dict[str, object] = {}
+        row: dict[str, object] = {"prompt_tokens_max": int(inputs.token_mask.sum(dim=1).max())}
         if not args.skip_lerobot:
             processed = ref_batch(obs, ref, eager)
             row["lerobot"] = measure(lambda: ref.predict_action_chunk(processed, noise=noise), args.iters, dev)
@@ -256,6 +265,8 @@ def run_batch(
             row["graph_vs_eager_max_abs"] = float((graph_out - ours.float()).abs().max())
         row["ours_infer"] = measure(lambda: graphed.infer_batch(obs), args.iters, dev)
         stage("ours_infer")
+        if graphed.graphed is not None and args.trim_prompt:
+            row["long_prompt_calls"] = graphed.graphed.long_prompt_calls  # prompts over N: served at full length
         # the same with the warm heap frozen, as the server runs it (gc_watch.py): the full
         # collections that the loaded model's ~500k objects make slow are the suspected tail
         freeze_heap()
@@ -270,8 +281,9 @@ def run_batch(
             row["action_scale"] = float(lr_actions[..., :d].abs().mean())
     if args.profile:
         row["profile"] = profile(native, inputs, noise, args.steps, dev)
-    row["server"] = server_latency(graphed, b, max(5, args.iters // max(1, b // 2)), obs)
-    stage("server")
+    if not args.skip_server:
+        row["server"] = server_latency(graphed, b, max(5, args.iters // max(1, b // 2)), obs)
+        stage("server")
     results[f"batch_{b}"] = row
     print(json.dumps({f"batch_{b}": row}), flush=True)
 

@@ -52,16 +52,16 @@ R=/tmp/res; mkdir -p $R
 nvidia-smi > $R/smi.txt 2>&1
 step() { name=$1; t=$2; shift 2; echo "$(date +%T) start $name" >> $R/progress
     timeout "$t" "$@" > $R/$name.log 2>&1; rc=$?; echo "$(date +%T) end $name rc=$rc" >> $R/progress; }
-# 2026-12-05: the Cosmos3-Nano generator step rows (issue 23) first; they need only tar "a"
-G="python3 benchmarks/generator_step.py --size nano --device cuda --dtype bfloat16 --height 256 --width 256"
-step gen_lora 300 $G --lora-rank 32 --out $R/gen_lora.json
-step gen_full 360 $G --out $R/gen_full.json
-step gen_video 240 $G --frames 5 --lora-rank 32 --out $R/gen_video.json
-# then issue 19's open pi0.5 rows, once tar "b" is installed
+# 2026-12-05 (2): issue 19's pi0.5 rows with the prompt pinned (trim_prompt=N; the parity prompts are
+# 72-105 byte tokens), once tar "b" is installed
 for _ in $(seq 120); do [ -f /tmp/wh/b_done ] && break; sleep 5; done
-step pi05_b8_trim 420 python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot --compile \
-    --attention math --trim-prompt --batches 8 --iters 50 --out $R/pi05_b8_trim.json
-step numerics_pi05 420 python3 benchmarks/numerics_pi05.py --size full --device cuda --batch 4 --out $R/numerics_pi05.json
+L="python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot --skip-server --compile"
+step pi05_b8_pin 300 $L --attention math --trim-prompt 112 --batches 8 --iters 50 --out $R/pi05_b8_pin.json
+step pi05_b8_tune 540 $L --compile-mode max-autotune-no-cudagraphs --attention math --trim-prompt 112 \
+    --batches 8 --iters 50 --out $R/pi05_b8_tune.json
+step sweep_pin 600 python3 benchmarks/serving_sweep.py --build pi05 --size released --device cuda -a precision=bf16 \
+    -a compile=true -a attention=math -a trim_prompt=112 --prompt "pick up the black bowl and place it on the plate" \
+    --max-batch 8 --clients 1 2 4 8 --duration 5 --out $R/sweep_pin.json
 echo ALLDONE >> $R/progress
 JOB
 du -sh .devpack/*

@@ -272,8 +272,10 @@ def test_trimming_the_prompt_padding_changes_no_output() -> None:
         extra = 40  # more right padding, as a 200-token tokenizer leaves after a short prompt
         padded = torch.cat([x.tokens, torch.zeros(2, extra, dtype=x.tokens.dtype)], dim=1)
         padded_mask = torch.cat([x.token_mask, torch.zeros(2, extra, dtype=x.token_mask.dtype)], dim=1)
-        tokens, mask = trim_text(padded, padded_mask, multiple=8)
-        assert tokens.shape[1] < padded.shape[1] and int(mask.sum()) == int(x.token_mask.sum())
+        longest = int(x.token_mask.sum(dim=1).max())
+        tokens, mask = trim_text(padded, padded_mask, longest + 3)
+        assert tokens.shape[1] == longest + 3 and int(mask.sum()) == int(x.token_mask.sum())
+        assert trim_text(padded, padded_mask, longest - 1)[0].shape == padded.shape  # a longer prompt: whole
         gen = torch.Generator().manual_seed(0)
         noise = torch.randn(2, policy.arch.chunk_size, policy.arch.max_action_dim, generator=gen)
         full = policy.model.generate(x.images, x.image_masks, padded, padded_mask, noise, 4)
@@ -281,7 +283,7 @@ def test_trimming_the_prompt_padding_changes_no_output() -> None:
     torch.testing.assert_close(cut, full, atol=1e-5, rtol=0)
     left = torch.zeros_like(x.token_mask)
     left[:, -3:] = True  # a left-padded batch is left alone
-    assert trim_text(x.tokens, left)[0].shape == x.tokens.shape
+    assert trim_text(x.tokens, left, 8)[0].shape == x.tokens.shape
 
 
 def test_math_attention_equals_fused_attention() -> None:
@@ -358,7 +360,7 @@ def test_auto_attention_is_math_only_under_compile(folder: Path) -> None:
 @pytest.mark.slow
 def test_compile_without_cuda_graphs_compiles_and_matches(folder: Path) -> None:
     """``compile`` is honoured off CUDA too (Inductor on the CPU), with the eager chunk; ``trim_prompt``
-    needs the graph it trims for and says so instead of being ignored."""
+    needs the graphs or the compiled shapes it pins the prompt for and says so instead of being ignored."""
     eager = Pi05Policy.from_pretrained(folder)
     compiled = Pi05Policy.from_pretrained(folder, compile=True)
     assert hasattr(compiled.model.velocity, "_torchdynamo_orig_callable")  # torch.compile's wrapper
@@ -366,8 +368,19 @@ def test_compile_without_cuda_graphs_compiles_and_matches(folder: Path) -> None:
     a = np.stack([r["actions"] for r in compiled.infer_batch(obs)])
     b = np.stack([r["actions"] for r in eager.infer_batch(obs)])
     np.testing.assert_allclose(a, b, atol=1e-4)
-    with pytest.raises(ValueError, match="trim_prompt=True .* needs cuda_graphs"):
-        Pi05Policy.from_pretrained(folder, trim_prompt=True)
+    with pytest.raises(ValueError, match="trim_prompt pins .* needs cuda_graphs or compile"):
+        Pi05Policy.from_pretrained(folder, trim_prompt=16)
+
+
+def test_trim_prompt_takes_a_token_count() -> None:
+    """``-a trim_prompt=N``: a positive token count below the tokenizer's length, 0/false for off;
+    ``true`` (the old rounding to multiples of 32, a new graph per prompt length) is refused, saying why."""
+    from cosmos_robot.policies.pi05.policy import check_trim_prompt
+
+    assert check_trim_prompt(False, 48) == 0 and check_trim_prompt(0, 48) == 0 and check_trim_prompt(32, 48) == 32
+    for bad in (True, 48, -1, "32", 1.5):
+        with pytest.raises(ValueError, match=r"give the prompt length in tokens to pin, between 1 and the tokenizer's 47"):
+            check_trim_prompt(bad, 48)
 
 
 def test_example_observation_is_served(policy: Pi05Policy) -> None:

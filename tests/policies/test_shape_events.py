@@ -32,6 +32,7 @@ from cosmos_robot.cli.serve import warmup_batches
 from cosmos_robot.policies.groot.policy import Gr00tPolicy
 from cosmos_robot.policies.groot.tiny import build_tiny_groot
 from cosmos_robot.policies.pi05.policy import Pi05Policy
+from cosmos_robot.policies.pi05.tiny import build_tiny_pi05
 from cosmos_robot.policies.shape_events import dynamo_compiles
 from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
 from cosmos_robot_server import PolicyServer, ServerConfig
@@ -73,7 +74,8 @@ def every_batch_size(
 
 @pytest.fixture(scope="module")
 def pi05_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_pi05().save_pretrained(tmp_path_factory.mktemp("pi05") / "ckpt")
+    # a 160-byte prompt: room for trim_prompt to pin the tests' prompts (56-79 bytes, 120 the long one)
+    return build_tiny_pi05(tokenizer_max_length=160).save_pretrained(tmp_path_factory.mktemp("pi05") / "ckpt")
 
 
 @pytest.fixture(scope="module")
@@ -81,27 +83,47 @@ def groot_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_groot(tmp_path_factory.mktemp("groot"))
 
 
+TRIM_PROMPT = 96
+LONG_PROMPT = "pick up the black bowl next to the ramekin and put it on the plate"  # 120 bytes with the state
+
+
 def compiled_pi05_counts(folder: str) -> dict[str, Any]:
-    """Serve a compiled tiny pi0.5 with the ``auto`` warm-up for max_batch 4 (batch 8 allowed), send every
-    batch size 1-4, read the after-ready counters, then 5-8 and read them again."""
-    policy = Pi05Policy.from_pretrained(folder, compile=True, compile_backend="eager")
+    """Serve a compiled tiny pi0.5 with ``trim_prompt`` and the ``auto`` warm-up for max_batch 4 (batch 8
+    allowed); send every batch size 1-4 with short prompts of several lengths (pinned to 96 tokens) and
+    with a long one among them (the full length), read the after-ready counters, then 5-8 and read them
+    again."""
+    policy = Pi05Policy.from_pretrained(folder, compile=True, compile_backend="eager", trim_prompt=TRIM_PROMPT)
+    assert policy.graphed is not None
     warm = warmup_batches("auto", MAX_BATCH, "cuda")
     before = dynamo_compiles()
-    obs = [libero_obs(i, prompt=["put the bowl on the plate", "open the drawer"][i % 2]) for i in range(8)]
+    short = [libero_obs(i, prompt=["put the bowl on the plate", "open the drawer", "go"][i % 3]) for i in range(8)]
+    mixed = [libero_obs(i, prompt=LONG_PROMPT) if i == 0 else o for i, o in enumerate(short)]
     with served(policy, warm, max_batch=8) as (client, metrics):
         warmed = dynamo_compiles() - before
-        every_batch_size(client, obs, sizes=range(1, MAX_BATCH + 1))
+        long_before = policy.graphed.long_prompt_calls
+        every_batch_size(client, short, sizes=range(1, MAX_BATCH + 1))
+        every_batch_size(client, mixed, sizes=range(1, MAX_BATCH + 1))
         covered = after_ready(metrics)
-        every_batch_size(client, obs, sizes=range(MAX_BATCH + 1, 9))
+        long_served = policy.graphed.long_prompt_calls - long_before
+        every_batch_size(client, short, sizes=range(MAX_BATCH + 1, 9))
         beyond = after_ready(metrics)
-    return {"warm": list(warm), "warm_up_compiles": warmed, "covered": covered, "beyond": beyond}
+    return {
+        "warm": list(warm),
+        "warm_up_compiles": warmed,
+        "covered": covered,
+        "beyond": beyond,
+        "long_served": long_served,
+    }
 
 
 def test_compiled_pi05_never_recompiles_after_warm_up(pi05_folder: Path) -> None:
-    """``serve --warmup auto`` batch sizes (powers of two up to max_batch, and max_batch): every batch
-    size then replays a compiled bucket (pi0.5 compiled without CUDA graphs used to run each batch size
-    at its own shape and recompile for 3). Then the counters are shown not to be blind: batches of 5-8,
-    allowed by ``max_batch=8`` but not warmed, meet bucket 8 while serving.
+    """``serve --warmup auto`` batch sizes (powers of two up to max_batch, and max_batch) and, with
+    ``trim_prompt=N``, both prompt shapes (pinned N and full: ``warmup_observations``): every batch size
+    and prompt length then replays a compiled bucket (pi0.5 compiled without CUDA graphs used to run
+    each batch size at its own shape and recompile for 3; trimming to the batch's own length, rounded to
+    32, compiled again for each new length, and pi0.5's prompt holds the state as text). Then the
+    counters are shown not to be blind: batches of 5-8, allowed by ``max_batch=8`` but not warmed, meet
+    bucket 8 while serving.
 
     In a process of its own: in torch 2.11, once a compiled function has run on a thread that exited
     (a server's policy thread), later Dynamo work on another thread can segfault (a torch-only
@@ -123,6 +145,7 @@ def test_compiled_pi05_never_recompiles_after_warm_up(pi05_folder: Path) -> None
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["warm"] == [1, 2, 4] and result["warm_up_compiles"] > 0  # the counter sees compilations
     assert result["covered"] == {"compiles": 0, "graph_captures": 0, "shape_misses": 0}
+    assert result["long_served"] == MAX_BATCH  # the mixed batches ran at the full length, the short ones pinned
     beyond = result["beyond"]
     assert beyond["shape_misses"] == 1 and beyond["compiles"] >= 1 and beyond["graph_captures"] == 0
 

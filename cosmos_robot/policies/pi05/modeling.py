@@ -632,6 +632,10 @@ class Pi05Model(nn.Module):
         if mode not in COMPILE_MODES:
             raise ValueError(f"compile mode {mode!r} is not one of {sorted(m for m in COMPILE_MODES if m)}")
         options: dict[str, Any] = {"dynamic": False, "backend": backend}
+        # one compilation per (batch bucket, prompt length) a server warms: 5 buckets to batch 16 times 2
+        # prompt lengths with trim_prompt is past Dynamo's default limit of 8, beyond which it would run
+        # the remaining shapes eagerly, silently slower
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         if backend == "inductor":
             options["mode"] = mode
         self.encode_prefix = torch.compile(self.encode_prefix, **options)  # type: ignore[method-assign]
@@ -656,25 +660,28 @@ class Pi05Model(nn.Module):
         return F.mse_loss(v.float(), (noise - actions).float(), reduction="none")
 
 
-def trim_text(tokens: Tensor, token_mask: Tensor, multiple: int = 32) -> tuple[Tensor, Tensor]:
-    """Drop the prompt padding after the batch's last valid token (kept to a multiple of ``multiple``).
+def trim_text(tokens: Tensor, token_mask: Tensor, length: int) -> tuple[Tensor, Tensor]:
+    """Cut the prompt to ``length`` tokens when every prompt of the batch fits in it, else leave it whole.
 
     LeRobot's tokenizer pads every prompt to ``tokenizer_max_length`` (200) on the right; the pads are
     masked out of attention and take no RoPE position, so cutting them changes no output and saves
-    up to 200 of the prefix's ~700 tokens in every layer and flow step. Rounding keeps the number of
-    distinct shapes (CUDA graphs) small, but each new one still costs a capture (and, compiled, a
-    compilation) the first time it is served: hence opt-in (``trim_prompt``). A left-padded batch is
-    left as it is.
+    up to 200 of the prefix's ~700 tokens in every layer and flow step. The cut is to one pinned length
+    (``trim_prompt=N``), not to the batch's own: pi0.5's prompt carries the discretised state as text,
+    so its length moves from one observation to the next, and every new length would be a new CUDA
+    graph and compilation in the middle of serving. A server therefore meets two prompt shapes, ``N``
+    and the full length (a prompt longer than ``N``), and warms both (``Pi05Policy.warmup_observations``).
+    A left-padded batch is left as it is.
     """
     valid = token_mask.bool().any(dim=0)
-    if not bool(valid.any()):
+    if length >= tokens.shape[1] or not bool(valid.any()):
         return tokens, token_mask
-    last = int(valid.nonzero().max()) + 1
-    length = min(tokens.shape[1], -(-last // multiple) * multiple)
+    if int(valid.nonzero().max()) + 1 > length:
+        return tokens, token_mask
     return tokens[:, :length], token_mask[:, :length]
 
 
 COMPILE_MODES = (None, "default", "max-autotune-no-cudagraphs")
+RECOMPILE_LIMIT = 32  # per compiled function: batch buckets x prompt lengths, with room
 ATTENTION_IMPLS = ("sdpa", "math", "eager")
 
 
@@ -695,11 +702,12 @@ class GraphedGenerate:
         model: Pi05Model,
         num_steps: int,
         compile: bool | str = False,
-        trim_prompt: bool = False,
+        trim_prompt: int = 0,
         graphs: bool = True,
         compile_backend: str = "inductor",
     ) -> None:
         self.model, self.num_steps, self.trim_prompt = model, num_steps, trim_prompt
+        self.long_prompt_calls = 0  # calls served at the full length: a prompt longer than trim_prompt
         if compile:  # Inductor fuses the many small norm/RoPE/gating kernels; graphs then replay them
             model.compile_steps(mode=compile if isinstance(compile, str) else None, backend=compile_backend)
         # graphs off (compiled on a CPU, or -a cuda_graphs=false): the same buckets, so a compiled
@@ -722,8 +730,12 @@ class GraphedGenerate:
         n = tokens.shape[0]
         size = bucket_size(n)
         if self.trim_prompt:
-            tokens, token_mask = trim_text(tokens, token_mask)
-        flat = [pad_rows(t, size) for t in (*images, *image_masks, tokens, token_mask, noise)]
+            full = tokens.shape[1]
+            tokens, token_mask = trim_text(tokens, token_mask, self.trim_prompt)
+            self.long_prompt_calls += tokens.shape[1] == full > self.trim_prompt
+        # contiguous: a trimmed prompt is a strided view and the serving noise an expanded one (stride 0);
+        # compiled code guards on strides, so each would be one more compilation per shape
+        flat = [pad_rows(t, size).contiguous() for t in (*images, *image_masks, tokens, token_mask, noise)]
         with torch.inference_mode():
             return self.cache(*flat, n_cams=len(images))[:n]
 

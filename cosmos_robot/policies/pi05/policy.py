@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from cosmos_robot.policies.cuda_graphs import GraphCache, GraphCaptureError
-from cosmos_robot.policies.lerobot_io import LeRobotIO, LeRobotIOPolicy, check_processor_states
+from cosmos_robot.policies.lerobot_io import TASK_KEY, LeRobotIO, LeRobotIOPolicy, check_processor_states
 from cosmos_robot.policies.pi05.checkpoint import (
     CONFIG_FILE,
     POSTPROCESSOR_FILE,
@@ -164,7 +164,7 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         num_steps: int | None = None,
         cuda_graphs: bool | None = None,
         compile: bool | str = False,
-        trim_prompt: bool = False,
+        trim_prompt: int = 0,
         attention: str | None = "auto",
         compile_backend: str = "inductor",
     ) -> None:
@@ -183,8 +183,12 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         attention = resolve_attention(attention, compiled=bool(compile) and use_graphs, float32=float32)
         if attention is not None:
             model.set_attention(attention)
-        if trim_prompt and not use_graphs:
-            raise ValueError("trim_prompt=True cuts the prompt's padding before the CUDA graph: it needs cuda_graphs")
+        self.trim_prompt = check_trim_prompt(trim_prompt, int(lerobot_config.tokenizer_max_length))
+        if self.trim_prompt and not (use_graphs or compile):
+            raise ValueError(
+                "trim_prompt pins the prompt's length for the CUDA graphs or the compiled shapes: "
+                "it needs cuda_graphs or compile"
+            )
         # graphs, or compiled without them (Inductor still fuses the elementwise chains): the chunk goes
         # through GraphedGenerate, whose batch buckets keep the compiled shapes to the warmed ones
         self.graphed = (
@@ -192,7 +196,7 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
                 self.model,
                 self.num_steps,
                 compile=compile,
-                trim_prompt=trim_prompt,
+                trim_prompt=self.trim_prompt,
                 graphs=use_graphs,
                 compile_backend=compile_backend,
             )
@@ -218,7 +222,7 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         cuda_graphs: bool | None = None,
         precision: str = "mixed",
         compile: bool | str = False,
-        trim_prompt: bool = False,
+        trim_prompt: int = 0,
         attention: str = "auto",
         compile_backend: str = "inductor",
         allow_download: bool = False,
@@ -228,10 +232,10 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         in float32 as LeRobot does (its numerics), ``"bf16"`` casts everything (fastest on a GPU).
         ``cuda_graphs`` (default: on for CUDA devices) replays prefix + flow steps as one graph;
         ``compile`` adds ``torch.compile`` under it, or alone without graphs (``true``, or an
-        Inductor mode name such as ``"max-autotune-no-cudagraphs"``). ``trim_prompt`` (needs the
-        graphs) cuts the prompt's padding before the graph (5-8% faster on an H200, the same
-        outputs), at the price of one more graph, and compile, per prompt-length bucket: for servers
-        with stable prompts (docs/pi05.md). ``attention``: ``"sdpa"``, ``"math"``
+        Inductor mode name such as ``"max-autotune-no-cudagraphs"``). ``trim_prompt=N`` (needs
+        the graphs or ``compile``) cuts every prompt of up to N tokens to N before the model, the
+        same outputs with less prefix (``trim_text``); longer prompts run at the tokenizer's full
+        length. Both shapes are warmed up (``warmup_observations``) (docs/pi05.md). ``attention``: ``"sdpa"``, ``"math"``
         (``Pi05Model.set_attention``) or ``"auto"``: math when compiled under the graphs (Inductor
         fuses it: 21.0 against 32.4 ms per chunk on an H200), SDPA otherwise. ``compile_backend``:
         torch.compile's backend (``eager``: the same tracing and guards without code generation, to
@@ -361,6 +365,19 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         """Model-space chunks (B, chunk, max_action_dim) from the cached prefix; RL samplers override this."""
         return self.model.sample_actions(cache, noise, self.num_steps)
 
+    def warmup_observations(self) -> list[dict[str, Any]]:
+        """What ``serve --warmup`` runs at every batch size: the example observation and, with
+        ``trim_prompt`` on, one whose prompt is longer than the pinned length, so both prompt shapes
+        are compiled and captured before ``/readyz``."""
+        example = self.example_observation()
+        if not self.trim_prompt:
+            return [example]
+        long = dict(example)
+        long[TASK_KEY] = " ".join(f"step {i}" for i in range(self.trim_prompt))
+        if int(self.prepare([long]).token_mask.sum()) <= self.trim_prompt:
+            raise RuntimeError(f"pi05 warm-up: could not build a prompt longer than trim_prompt={self.trim_prompt}")
+        return [example, long]
+
     def graph_caches(self) -> list[GraphCache | None]:
         return [self.graphed.cache] if self.graphed is not None else []
 
@@ -394,6 +411,19 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
             start = self.serving_noise(inputs.batch_size) if noise is None else noise.to(self.device)
             actions = self.unnormalize(self.generate(inputs, start.float()))
         return [{"actions": chunk} for chunk in actions]
+
+
+def check_trim_prompt(value: Any, max_length: int) -> int:
+    """``trim_prompt`` as a token count (0: off); anything else is an error that says what to give."""
+    if value is False or value is None or value == 0:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < max_length:
+        raise ValueError(
+            f"trim_prompt={value!r}: give the prompt length in tokens to pin, between 1 and the tokenizer's "
+            f"{max_length - 1} (e.g. -a trim_prompt=96: prompts up to 96 tokens run at 96, longer ones at "
+            f"{max_length}; both are warmed up), or 0 for off"
+        )
+    return value
 
 
 def _lerobot_config(root: Path) -> Any:

@@ -43,6 +43,7 @@ def tiny_lerobot_config(
     n_action_steps: int = 5,
     num_steps: int = 4,
     cameras: tuple[str, ...] = ("image", "image2"),
+    tokenizer_max_length: int = 48,
 ) -> Any:
     """LeRobot's own ``PI05Config``; by default two cameras (``image``, ``image2``), as its LIBERO
     checkpoints name them (DROID: ``("exterior_image_1_left", "wrist_image_left")``)."""
@@ -57,7 +58,7 @@ def tiny_lerobot_config(
         n_action_steps=n_action_steps,
         max_action_dim=arch.max_action_dim,
         num_inference_steps=num_steps,
-        tokenizer_max_length=48,
+        tokenizer_max_length=tokenizer_max_length,
         image_resolution=(size, size),
         input_features={
             **{f"observation.images.{cam}": PolicyFeature(FeatureType.VISUAL, (3, size, size)) for cam in cameras},
@@ -91,8 +92,10 @@ def build_tiny_pi05(
     stats: dict[str, dict[str, list[float]]] | None = None,
     scale: float = 0.05,
     cameras: tuple[str, ...] = ("image", "image2"),
+    tokenizer_max_length: int = 48,
 ) -> Pi05Policy:
-    """A random tiny ``Pi05Policy`` with LeRobot's processors (random quantile stats unless given)."""
+    """A random tiny ``Pi05Policy`` with LeRobot's processors (random quantile stats unless given); its
+    byte tokenizer's prompts are cut at ``tokenizer_max_length`` bytes (48: every test prompt fills it)."""
     arch = tiny_architecture(chunk)
     model = Pi05Model(arch)
     gen = torch.Generator().manual_seed(seed)
@@ -103,7 +106,9 @@ def build_tiny_pi05(
         "observation.state": quantile_stats(state_dim, seed),
         "action": quantile_stats(action_dim, seed + 1),
     }
-    config = tiny_lerobot_config(arch, state_dim, action_dim, n_action_steps, cameras=cameras)
+    config = tiny_lerobot_config(
+        arch, state_dim, action_dim, n_action_steps, cameras=cameras, tokenizer_max_length=tokenizer_max_length
+    )
     return Pi05Policy.from_model(model, config, stats, make_byte_tokenizer())
 
 

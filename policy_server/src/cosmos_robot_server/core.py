@@ -291,27 +291,39 @@ class ServingCore:
             self._froze_heap = False
 
     async def warm_up(self, batch_sizes: Sequence[int]) -> dict[int, float]:
-        """Run the policy once per batch size on its example observation, on the thread that serves
+        """Run the policy once per batch size on its warm-up observations, on the thread that serves
         it (every replica, on its own thread: each captures its own graphs); returns seconds per size
-        (all replicas together). A policy that cannot make an example, or fails on it, is an error
+        (all replicas together). The observations are ``warmup_observations()`` where the policy has
+        it (one per input shape it can meet, e.g. pi0.5's pinned and full prompt lengths), else
+        ``[example_observation()]``. A policy that cannot make one, or fails on it, is an error
         (better than serving one that fails on the first robot)."""
-        make_example = getattr(self.policy, "example_observation", None)
-        example = make_example() if callable(make_example) else None
-        if example is None:
+        examples = self._warm_examples()
+        seconds: dict[int, float] = {}
+        for n in sorted(set(batch_sizes)):
+            t0 = time.perf_counter()
+            for example in examples:
+                batch = [dict(example) for _ in range(n)]
+                try:
+                    await self.batcher.call_each(partial(self._warm_call, batch=batch))
+                except Exception as exc:
+                    raise RuntimeError(f"warm-up with a batch of {n} failed: {type(exc).__name__}: {exc}") from exc
+            seconds[n] = time.perf_counter() - t0
+        return seconds
+
+    def _warm_examples(self) -> list[Mapping[str, Any]]:
+        several = getattr(self.policy, "warmup_observations", None)
+        if callable(several):
+            examples = list(several())
+        else:
+            make_example = getattr(self.policy, "example_observation", None)
+            example = make_example() if callable(make_example) else None
+            examples = [] if example is None else [example]
+        if not examples:
             raise ValueError(
                 f"{type(self.policy).__name__} offers no example observation (example_observation() is None), "
                 "so it cannot be warmed up; serve without warm-up"
             )
-        seconds: dict[int, float] = {}
-        for n in sorted(set(batch_sizes)):
-            batch = [dict(example) for _ in range(n)]
-            t0 = time.perf_counter()
-            try:
-                await self.batcher.call_each(partial(self._warm_call, batch=batch))
-            except Exception as exc:
-                raise RuntimeError(f"warm-up with a batch of {n} failed: {type(exc).__name__}: {exc}") from exc
-            seconds[n] = time.perf_counter() - t0
-        return seconds
+        return examples
 
     def _warm_call(self, policy: Any, *, batch: list[dict[str, Any]]) -> Any:
         """One warm-up call; a session-aware policy gets scratch sessions, never a client's."""
