@@ -57,11 +57,11 @@ step() { name=$1; t=$2; shift 2; echo "$(date +%T) start $name" >> $R/progress
 for _ in $(seq 120); do [ -f /tmp/wh/b_done ] && break; sleep 5; done
 L="python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot --skip-server --compile"
 step pi05_b8_pin 300 $L --attention math --trim-prompt 112 --batches 8 --iters 50 --out $R/pi05_b8_pin.json
-step pi05_b8_tune 540 $L --compile-mode max-autotune-no-cudagraphs --attention math --trim-prompt 112 \
-    --batches 8 --iters 50 --out $R/pi05_b8_tune.json
 step sweep_pin 600 python3 benchmarks/serving_sweep.py --build pi05 --size released --device cuda -a precision=bf16 \
     -a compile=true -a attention=math -a trim_prompt=112 --prompt "pick up the black bowl and place it on the plate" \
     --max-batch 8 --clients 1 2 4 8 --duration 5 --out $R/sweep_pin.json
+step pi05_b8_tune 540 $L --compile-mode max-autotune-no-cudagraphs --attention math --trim-prompt 112 \
+    --batches 8 --iters 50 --out $R/pi05_b8_tune.json
 echo ALLDONE >> $R/progress
 JOB
 du -sh .devpack/*
