@@ -379,7 +379,7 @@ def test_trim_prompt_takes_a_token_count() -> None:
 
     assert check_trim_prompt(False, 48) == 0 and check_trim_prompt(0, 48) == 0 and check_trim_prompt(32, 48) == 32
     for bad in (True, 48, -1, "32", 1.5):
-        with pytest.raises(ValueError, match=r"give the prompt length in tokens to pin, between 1 and the tokenizer's 47"):
+        with pytest.raises(ValueError, match=r"tokens to pin, between 1 and the tokenizer's 47"):
             check_trim_prompt(bad, 48)
 
 

@@ -36,7 +36,7 @@ from cosmos_robot.policies.pi05.tiny import build_tiny_pi05
 from cosmos_robot.policies.shape_events import dynamo_compiles
 from cosmos_robot_client.websocket_client_policy import WebsocketClientPolicy
 from cosmos_robot_server import PolicyServer, ServerConfig
-from tests.policies._pi05_helpers import libero_obs, tiny_pi05
+from tests.policies._pi05_helpers import libero_obs
 
 MAX_BATCH = 4
 REPO = Path(__file__).resolve().parents[2]

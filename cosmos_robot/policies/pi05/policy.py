@@ -235,9 +235,9 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         Inductor mode name such as ``"max-autotune-no-cudagraphs"``). ``trim_prompt=N`` (needs
         the graphs or ``compile``) cuts every prompt of up to N tokens to N before the model, the
         same outputs with less prefix (``trim_text``); longer prompts run at the tokenizer's full
-        length. Both shapes are warmed up (``warmup_observations``) (docs/pi05.md). ``attention``: ``"sdpa"``, ``"math"``
-        (``Pi05Model.set_attention``) or ``"auto"``: math when compiled under the graphs (Inductor
-        fuses it: 21.0 against 32.4 ms per chunk on an H200), SDPA otherwise. ``compile_backend``:
+        length. Both shapes are warmed up (``warmup_observations``) (docs/pi05.md). ``attention``:
+        ``"sdpa"``, ``"math"`` (``Pi05Model.set_attention``) or ``"auto"``: math when compiled under
+        the graphs (Inductor fuses it: 21.0 against 32.4 ms per chunk on an H200), SDPA otherwise. ``compile_backend``:
         torch.compile's backend (``eager``: the same tracing and guards without code generation, to
         check a server's recompilations quickly). ``allow_download``:
         fetch a tokenizer named by hub id that is not in the HF cache (never, by default)."""
