@@ -270,6 +270,30 @@ def test_group_advantages_filter_and_broadcast() -> None:
     assert adv.stats == {"groups_kept": 1.0, "groups_total": 2.0}
 
 
+def test_shaped_group_score_ranks_failed_episodes_by_their_progress() -> None:
+    """``group_score="shaped"``: a group whose episodes all failed is kept and ranked by the summed shaped
+    reward (how far each got); by success it is dropped. A group with a success ranks it first."""
+    r = _rollout(
+        [[0.1, 0.2], [0.05], [0.0, -0.1], [0.3, 1.5], [0.1, 0.1]],  # chunk rewards: shaping (+ 1 on success)
+        [[0.0, 0.0], [0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0]],
+        [0.0, 0.0, 0.0, 1.0, 0.0],
+        [0, 0, 0, 1, 1],
+    )
+    by_success = group_advantages(r, AlgoConfig(group_size=3))
+    shaped = group_advantages(r, AlgoConfig(group_size=3, group_score="shaped"))
+    assert not bool(by_success.keep[:5].any())  # group 0: three failures, no gradient by success
+    scores = torch.tensor([0.3, 0.05, -0.1, 1.8, 0.2])
+    expected = get_algorithm("advantage", "grpo")(scores, r.ep_group)
+    assert torch.allclose(shaped.advantages, expected[r.episode])
+    assert bool(shaped.keep.all()) and shaped.stats["groups_kept"] == 2.0
+    ep0, ep1, ep2 = shaped.advantages[0], shaped.advantages[2], shaped.advantages[3]
+    assert ep0 > ep1 > ep2  # the failure that got furthest leads its group
+    pairs = dpo_pairs(r, AlgoConfig(group_size=3, group_score="shaped", dpo_pairs_per_group=8), torch.Generator())
+    assert sorted(map(tuple, pairs.tolist())) == [(0, 1), (0, 2), (1, 2), (3, 4)]
+    with pytest.raises(ValueError, match="group_score 'shaped'.*shaping_coef is 0"):
+        debug_config("grpo", Path("/x"), "algo.group_score=shaped", "reward.shaping_coef=0")
+
+
 def test_dpo_pairs_match_success_with_failure_in_the_same_group() -> None:
     r = _rollout([[0.0]] * 6, [[0.0]] * 6, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], [0, 0, 0, 1, 1, 1])
     pairs = dpo_pairs(r, AlgoConfig(group_size=3, dpo_pairs_per_group=8), torch.Generator().manual_seed(0))

@@ -93,7 +93,10 @@ def whiten(adv: torch.Tensor, rollout: Rollout, over: str) -> torch.Tensor:
 
 
 def episode_scores(rollout: Rollout, algo: AlgoConfig) -> torch.Tensor:
-    """(E,) what a group compares its episodes by (``algo.group_score``): success, or the summed reward."""
+    """(E,) what a group compares its episodes by (``algo.group_score``): success, the provider's summed
+    reward, or the summed shaped reward of the episode's decisions (what the learner's rewards add up to)."""
+    if algo.group_score == "shaped":
+        return torch.zeros(rollout.num_episodes).index_add_(0, rollout.episode, rollout.reward)
     return (rollout.ep_success if algo.group_score == "success" else rollout.ep_return).clone()
 
 
@@ -154,8 +157,8 @@ def nft_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
 
 def dpo_pairs(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -> torch.Tensor:
     """``(P, 2)`` episode pairs (winner, loser) from the same initial state: with ``group_score``
-    "success" a success and a failure; with "return" any two episodes whose returns differ, the
-    higher one winning."""
+    "success" a success and a failure; with "return" or "shaped" any two episodes whose scores differ,
+    the higher one winning."""
     pairs: list[tuple[int, int]] = []
     ok = ~rollout.ep_failed
     scores = episode_scores(rollout, algo)

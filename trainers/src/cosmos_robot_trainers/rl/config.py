@@ -192,9 +192,12 @@ class AlgoConfig(StrictModel):
     policy_loss: Literal["ppo", "gspo"] = "ppo"  # grpo: per-decision clipped ratio or GSPO sequence ratio
     gspo_clip_low: float = Field(default=3e-4, gt=0)  # grpo + gspo: lower clip of the sequence ratio
     gspo_clip_high: float = Field(default=4e-4, gt=0)  # grpo + gspo: upper clip of the sequence ratio
-    # grpo, nft, dpo: what a group compares its episodes by: "success" (0 / 1) or "return" (the summed
-    # provider reward: AlpaGym's one episode-level reward, broadcast as the advantage to every tick)
-    group_score: Literal["success", "return"] = "success"
+    # grpo, nft, dpo: what a group compares its episodes by: "success" (0 / 1), "return" (the summed
+    # provider reward: AlpaGym's one episode-level reward, broadcast as the advantage to every tick) or
+    # "shaped" (the summed MDP reward the learner sees: success_coef x return + the progress shaping, which
+    # telescopes to shaping_coef x (final progress - initial progress); members of a group share the
+    # initial state, so a group where every episode failed still ranks them by how far each one got)
+    group_score: Literal["success", "return", "shaped"] = "success"
     filter_groups: bool = True  # grpo, nft: drop groups whose episodes all scored the same
     nft_beta: float = Field(default=1.0, gt=0)  # nft: guidance strength beta of v+/v-
     nft_a_max: float = Field(default=5.0, gt=0)  # nft: advantage clip A_max of the optimality probability
@@ -323,6 +326,12 @@ class RLConfig(StrictModel):
             raise ValueError(
                 f"reward.shaping_coef needs the env's progress signal (info['dense_reward']), which only the "
                 f"tabletop suite has; env.suite is {self.env.suite!r}: set reward.shaping_coef = 0"
+            )
+        if self.algo.group_score == "shaped" and self.reward.shaping_coef == 0:
+            raise ValueError(
+                "algo.group_score 'shaped' ranks a group's episodes by their progress shaping, but "
+                "reward.shaping_coef is 0 (then it is the scaled return): set reward.shaping_coef > 0 or "
+                "algo.group_score = 'return'"
             )
         if self.algo.ratio_level != "chunk" and (
             self.trainer not in ("joint_ppo", "grpo") or self.algo.policy_loss == "gspo"
