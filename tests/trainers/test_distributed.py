@@ -264,8 +264,13 @@ RECIPES = {
 }
 
 
+# what make test runs of the above; the families' variants are marked extended (make test-all): the same
+# mechanism through another model, minutes of 2-process runs on a 2-core machine
+CORE = ("debug", "debug_text_sft")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", list(RECIPES))
+@pytest.mark.parametrize("recipe", [r if r in CORE else pytest.param(r, marks=pytest.mark.extended) for r in RECIPES])
 def test_two_processes_train_the_single_process_curve_and_resume_at_one(recipe: str, tmp_path: Path) -> None:
     data_key, announce, exported = RECIPES[recipe]
     sets = [f'{data_key}="{tmp_path / "demos"}"'] if data_key else []  # one recording for every run
@@ -290,7 +295,14 @@ def test_two_processes_train_the_single_process_curve_and_resume_at_one(recipe: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["debug_generator_sft", "debug_generator_dpo", "debug_generator_nft"])
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        pytest.param("debug_generator_sft", marks=pytest.mark.extended),
+        pytest.param("debug_generator_dpo", marks=pytest.mark.extended),
+        "debug_generator_nft",
+    ],
+)
 def test_generator_trainers_train_the_single_process_curve_on_two_processes(recipe: str, tmp_path: Path) -> None:
     """The Cosmos3 generator trainers data parallel: every rank makes the whole batch's draws and computes
     its share (NFT: its share of the rollout's groups too, joined on every rank), weighted; rank 0 alone
@@ -332,6 +344,7 @@ def test_generator_trainers_train_the_single_process_curve_on_two_processes(reci
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sharded_lora_dpo_takes_its_reference_from_the_shards_with_adapters_off(tmp_path: Path) -> None:
     """Flow-DPO with LoRA under ``train.fsdp``: the reference is the sharded transformer with its adapters
     disabled (in lockstep on every rank), the held-out implicit accuracy rank 0's whole copy with its
@@ -359,7 +372,15 @@ def _without_ema(tmp_path: Path) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["debug", "debug_text_sft", "debug_sft_pi05", "debug_sft_groot"])
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        "debug",
+        "debug_text_sft",
+        pytest.param("debug_sft_pi05", marks=pytest.mark.extended),
+        pytest.param("debug_sft_groot", marks=pytest.mark.extended),
+    ],
+)
 def test_fsdp_trains_the_single_process_curve_and_its_checkpoints_cross_both_ways(recipe: str, tmp_path: Path) -> None:
     """FSDP2 (parameters, gradients, AdamW state and, for the flow policy, the EMA sharded over 2 processes;
     the flow policy's and Qwen3's ranks take their parts of the batch in 2 micro-batches) against one process; a sharded
@@ -390,7 +411,7 @@ def test_fsdp_trains_the_single_process_curve_and_its_checkpoints_cross_both_way
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["debug", "debug_sft_pi05"])
+@pytest.mark.parametrize("recipe", ["debug", pytest.param("debug_sft_pi05", marks=pytest.mark.extended)])
 def test_fsdp_in_bf16_gathers_bf16_and_follows_the_one_process_bf16_curve(recipe: str, tmp_path: Path) -> None:
     """Robot SFT with ``train.precision = "bf16"`` under FSDP: float32 master shards gathered in bf16
     (MixedPrecisionPolicy) beside autocast; close to one process's autocast curve, not equal."""
@@ -545,7 +566,14 @@ def test_two_ppo_learner_ranks_with_ray_env_actors_train_and_resume(tmp_path: Pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["debug_grpo", "debug_nft", "debug_dpo"])
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        "debug_grpo",
+        pytest.param("debug_nft", marks=pytest.mark.extended),
+        pytest.param("debug_dpo", marks=pytest.mark.extended),
+    ],
+)
 def test_two_learner_ranks_match_two_rollout_workers_for_every_online_algorithm(recipe: str, tmp_path: Path) -> None:
     """GRPO, DiffusionNFT and Flow-DPO on 2 learner processes (each its share of every minibatch, with
     the whole minibatch's flow draws) against one learner with 2 Ray rollout workers, and sharded
@@ -609,6 +637,7 @@ def test_sharded_rl_checkpoints_resume_replicated_and_export_consolidated(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sharded_pi05_in_bf16_matches_replicated_learners_and_takes_their_checkpoint(tmp_path: Path) -> None:
     """pi0.5 (its units: the vision layers and each Gemma projection and MLP, ``Pi05Model.fsdp_units``),
     loaded as LeRobot loads it in bf16 (float32 vision path, norms and action projections beside bf16
@@ -651,11 +680,11 @@ def _near_iterations(a: Path, b: Path) -> None:
     ("recipe", "announce"),
     [
         ("debug_text_grpo", "text_grpo: qwen3"),
-        ("debug_text_ppo", "text_ppo: qwen3"),
-        ("debug_text_opd", "text_opd: student"),
-        ("debug_text_dpo", "text_dpo ("),
+        pytest.param("debug_text_ppo", "text_ppo: qwen3", marks=pytest.mark.extended),
+        pytest.param("debug_text_opd", "text_opd: student", marks=pytest.mark.extended),
+        pytest.param("debug_text_dpo", "text_dpo (", marks=pytest.mark.extended),
         # image prompts: each rank builds every prompt's images and gives the joined groups theirs back
-        ("debug_text_grpo_vl", "text_grpo: qwen3_vl"),
+        pytest.param("debug_text_grpo_vl", "text_grpo: qwen3_vl", marks=pytest.mark.extended),
         ("debug_text_ppo_vl", "text_ppo: qwen3_vl"),
     ],
 )
@@ -705,7 +734,7 @@ def _same_text_steps(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["debug_text_grpo", "debug_text_ppo_vl"])
+@pytest.mark.parametrize("recipe", ["debug_text_grpo", pytest.param("debug_text_ppo_vl", marks=pytest.mark.extended)])
 def test_sharded_text_rl_matches_replicated_and_its_checkpoints_cross(recipe: str, tmp_path: Path) -> None:
     """Text GRPO and image-text PPO with ``train.fsdp`` on 2 processes: the policy in FSDP2 shards, the
     rollout engine on each rank's whole copy (refreshed after every update), the scoring passes and the
