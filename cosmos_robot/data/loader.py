@@ -42,7 +42,7 @@ from cosmos_robot.normalize import FeatureStats, compute_stats
 
 _VIDEO_BLOCK = 512  # frames per video decode call (bounds the full-resolution buffer)
 
-__all__ = ["DemoData", "action_chunks", "compute_norm_stats", "load_demonstrations"]
+__all__ = ["DemoData", "action_chunks", "compute_norm_stats", "first_episodes_per_task", "load_demonstrations"]
 
 
 @dataclass
@@ -94,6 +94,20 @@ def action_chunks(actions: np.ndarray, episode_index: np.ndarray, chunk_size: in
     pad = idx >= end[:, None]
     idx = np.minimum(idx, end[:, None] - 1)
     return actions[idx], pad
+
+
+def first_episodes_per_task(episodes: np.ndarray, prompts: list[str], limit: int | None) -> torch.Tensor | None:
+    """Frame indices of the first ``limit`` episodes of each instruction (None: keep everything): the
+    few-shot subsets that SFT recipes (``data.max_episodes_per_task``) and demonstration-augmented RL
+    (``bc.max_episodes_per_task``) take from one recording."""
+    if limit is None:
+        return None
+    first_frame = {int(ep): i for i, ep in reversed(list(enumerate(episodes.tolist())))}
+    per_task: dict[str, list[int]] = {}
+    for ep in sorted(first_frame):
+        per_task.setdefault(prompts[first_frame[ep]], []).append(ep)
+    chosen = {ep for eps in per_task.values() for ep in eps[:limit]}
+    return torch.from_numpy(np.flatnonzero(np.isin(episodes, sorted(chosen))))
 
 
 def _resize_png(data: bytes, size: int) -> np.ndarray:

@@ -13,7 +13,8 @@ names; a new family subclasses these two and adds one registry entry.
 - ``RLAdapter``: a checkpoint folder of that family made trainable: the ``RLModel``, the tensors stored
   per decision from openpi-style wire observations (the rollout and the learner encode exactly these,
   so the first-minibatch ratio is 1), model-space chunks to env units, and the serving policy that
-  owns a copy of the trained weights (evaluations, ``final/``).
+  owns a copy of the trained weights (evaluations, ``final/``); optionally a demonstration dataset as
+  the same model inputs and model-space chunks (``Demonstrations``: demonstration-augmented RL).
 
 Contexts stay ``Any`` on purpose: each family's context (a tensor, a prefix KV cache, ...) is only ever
 handed back to the same model.
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
@@ -31,12 +34,29 @@ from torch import nn
 
 from cosmos_robot_client.base_policy import BatchPolicy
 
-__all__ = ["FlowSizes", "ModelInputs", "RLAdapter", "RLModel"]
+__all__ = ["Demonstrations", "FlowSizes", "ModelInputs", "RLAdapter", "RLModel"]
 
 P = TypeVar("P", bound=BatchPolicy)
 
 # what an adapter stores per decision: tensors with first dim = decisions, or lists (prompts)
 ModelInputs = dict[str, torch.Tensor | list[str]]
+
+
+@dataclass
+class Demonstrations:
+    """A demonstration dataset as the RL learner sees its own decisions: ``inputs`` what ``model.encode``
+    takes (what ``RLAdapter.model_inputs`` stores per decision), ``chunks`` the demonstrated action
+    chunks in model space (normalised, the model's padded width), ``pad`` the rows past an episode's end
+    (no target), ``prompts`` each frame's instruction (to sample the tasks equally)."""
+
+    inputs: ModelInputs  # first dim = frames
+    chunks: torch.Tensor  # (N, chunk_size, action_dim) float32, model space
+    pad: torch.Tensor  # (N, chunk_size) bool, True past the episode's end
+    prompts: list[str]  # (N,)
+    num_episodes: int
+
+    def __len__(self) -> int:
+        return int(self.chunks.shape[0])
 
 
 class FlowSizes(Protocol):
@@ -151,6 +171,15 @@ class RLAdapter(abc.ABC):
     def set_num_flow_steps(self, steps: int) -> None:
         """Serve and sample with ``steps`` denoising steps (families also update their serving policy)."""
         self.model.set_num_flow_steps(steps)
+
+    def demonstrations(self, root: str | Path, *, max_episodes_per_task: int | None = None) -> Demonstrations:
+        """The LeRobot dataset at ``root`` as ``Demonstrations`` for this checkpoint (its cameras, state
+        keys, chunk size and normalisation); ``max_episodes_per_task``: the first that many per instruction.
+        A family that cannot map demonstrations into its model space says so."""
+        raise NotImplementedError(
+            f"{type(self).__name__}: this family has no demonstration loader, so bc.coef (demonstration-"
+            "augmented RL) is not available for it; set bc.coef = 0"
+        )
 
     def fsdp_units(self, model: RLModel) -> list[nn.Module] | None:
         """The modules of ``model`` (a copy of ``self.model``) that FSDP shards one by one (``train.fsdp``):

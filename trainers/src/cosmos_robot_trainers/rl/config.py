@@ -28,6 +28,7 @@ __all__ = [
     "StartNoise",
     "RUNTIME_FIELDS",
     "AlgoConfig",
+    "BCConfig",
     "EnvConfig",
     "EvalConfig",
     "OptimConfig",
@@ -280,6 +281,29 @@ class EvalConfig(EvalSchedule):
     max_steps: int | None = Field(default=None, ge=1)  # cap on env steps per episode (None: each task's own)
 
 
+class BCConfig(StrictModel):
+    """Demonstration-augmented RL (DAPG, Rajeswaran et al. 2018): the flow-matching loss of SFT on a
+    demonstration dataset, added to every optimizer step of the RL update with weight
+    ``coef * decay ** iteration``. Why: from a few-shot start the hard tasks' rare successes give RL
+    almost no gradient while the shared network moves for the easy ones; the demonstrations hold what
+    SFT learnt of the hard tasks in place (and keep teaching it) while RL improves the rest."""
+
+    data: str | None = None  # LeRobot dataset root (recorded by `cosmos-robot record`, an SFT recipe's data.root)
+    coef: float = Field(default=0.0, ge=0)  # weight of the demonstration loss (0: off)
+    decay: float = Field(default=1.0, gt=0, le=1)  # per-iteration factor on coef (DAPG's lambda_1)
+    batch_size: int = Field(default=128, ge=1)  # demonstration frames per optimizer step
+    max_episodes_per_task: int | None = Field(default=None, ge=1)  # the first N demonstrations per instruction
+    task_weighting: Literal["balanced", "frames"] = "balanced"  # tasks drawn equally often, or frames uniformly
+
+    @model_validator(mode="after")
+    def _used(self) -> BCConfig:
+        if self.coef > 0 and self.data is None:
+            raise ValueError("bc.coef > 0 needs bc.data (the demonstration dataset's folder)")
+        if self.data is not None and self.coef == 0:
+            raise ValueError(f"bc.data is {self.data!r} but bc.coef is 0: the demonstrations would never be used")
+        return self
+
+
 class RLConfig(StrictModel):
     """An online RL run that post-trains a flow policy checkpoint in simulation."""
 
@@ -293,6 +317,7 @@ class RLConfig(StrictModel):
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig())
     train: TrainConfig = Field(default_factory=lambda: TrainConfig())
     eval: EvalConfig = Field(default_factory=lambda: EvalConfig())
+    bc: BCConfig = Field(default_factory=lambda: BCConfig())
     output: OutputConfig
 
     @model_validator(mode="after")

@@ -5,7 +5,9 @@ sampler settings and this iteration's generator. Its own module so that the algo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -14,7 +16,10 @@ from cosmos_robot.policies.flow.sampling import SampleMode
 from cosmos_robot_trainers.rl.config import RLConfig
 from cosmos_robot_trainers.rl.policies import RLModel
 
-__all__ = ["UpdateInputs"]
+__all__ = ["AuxLoss", "UpdateInputs"]
+
+# a loss every optimizer step adds once (beside the algorithm's minibatch loss): ``aux(model) -> (loss, metrics)``
+AuxLoss = Callable[[RLModel], tuple[torch.Tensor, dict[str, Any]]]
 
 
 @dataclass
@@ -32,3 +37,4 @@ class UpdateInputs:
     ref_model: RLModel | None = None
     old_model: RLModel | None = None
     world: World = field(default_factory=World)  # the data-parallel learner ranks (a world of one by default)
+    aux: AuxLoss | None = None  # this iteration's demonstration loss (``[bc]``, ``rl/demos.py``), if any

@@ -12,7 +12,8 @@
   backward of the rows' loss, in ``optim.micro_batch_size`` micro-batches each weighted by its share
   (the gradient is the whole part's with one micro-batch's activations), then each parameter group
   clipped on its own (actor ``optim.grad_clip``, value head ``optim.critic_grad_clip``; one global clip
-  let the critic's norm shrink the actor's step), pre-clip norms logged per group.
+  let the critic's norm shrink the actor's step), pre-clip norms logged per group. An ``aux`` loss
+  (the ``[bc]`` demonstration loss, ``rl/demos.py``) is added once per step, whatever the algorithm.
 
 Log-probs cover the rows ``[:replan_steps]`` and the action dims ``rollout.logprob_dims`` (the same
 set the rollout sampled with). Every function returns the mean of its per-minibatch metrics (floats).
@@ -41,6 +42,7 @@ from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import fsdp
 from cosmos_robot_trainers.rl.advantage import Advantages
 from cosmos_robot_trainers.rl.config import OptimConfig, RLConfig
+from cosmos_robot_trainers.rl.inputs import AuxLoss
 from cosmos_robot_trainers.rl.policies import RLModel
 from cosmos_robot_trainers.rl.rollout import Rollout, index_inputs
 
@@ -129,12 +131,14 @@ def accumulated_step(
     world: World | None = None,
     weight: float = 1.0,
     units: torch.Tensor | None = None,
+    aux: AuxLoss | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One optimizer step on ``loss_fn(rows)``, cut into ``optim.micro_batch_size`` micro-batches (whole ``units``
     each, e.g. GSPO's episodes): each part's ``loss_fn(part)`` is weighted by its share of the rows (as
     data-parallel ranks are, ``rank_share``) and back-propagated on its own, so the accumulated gradient
     is that of ``loss_fn(rows)``. Returns ``(the weighted loss, metrics)``: the parts' metrics combined
-    by share (``MAX_KEYS``: the largest) and the step's gradient norms."""
+    by share (``MAX_KEYS``: the largest) and the step's gradient norms. ``aux(model)`` is back-propagated
+    once on top, at weight 1 on every rank (the same draws everywhere, so the rank average is itself)."""
     size = optim.micro_batch_size
     k = 1 if size is None else max(1, math.ceil(len(rows) / size))
     sharded = fsdp.is_sharded(model)
@@ -156,6 +160,10 @@ def accumulated_step(
                 merged[key] = max(merged.get(key, -math.inf), v)
             else:
                 merged[key] = merged.get(key, 0.0) + v * share
+    if aux is not None:
+        aux_loss, aux_metrics = aux(model)
+        aux_loss.backward()
+        merged.update({k: float(v) for k, v in aux_metrics.items()})
     return total, {**merged, **_finish_step(model, optimizer, optim, world)}
 
 
@@ -303,6 +311,7 @@ def update_policy_gradient(
     sequence_ratio: bool = False,
     ref_model: RLModel | None = None,
     world: World | None = None,
+    aux: AuxLoss | None = None,
 ) -> dict[str, float]:
     """PPO / GRPO / GSPO epochs over the rollout. ``adv.returns`` set -> joint PPO with the value loss;
     ``sequence_ratio`` -> GSPO's per-episode ratio (minibatches of whole episodes); ``world``: this
@@ -335,7 +344,7 @@ def update_policy_gradient(
                 return pg.loss(part, train_policy=train_policy, gspo=sequence_ratio, first=first)
 
             mine_units = rollout.episode[mine] if sequence_ratio else None
-            _, metrics = accumulated_step(model, optimizer, mine, loss_fn, o, world, weight, mine_units)
+            _, metrics = accumulated_step(model, optimizer, mine, loss_fn, o, world, weight, mine_units, aux)
             first = False
             means.add(metrics, weight)
     return means.result(world)

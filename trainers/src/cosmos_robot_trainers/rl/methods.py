@@ -73,6 +73,7 @@ def _policy_gradient(*, critic: bool) -> Callable[[UpdateInputs, Rollout, Advant
             sequence_ratio=not critic and algo.policy_loss == "gspo",
             ref_model=inp.ref_model,
             world=inp.world,
+            aux=inp.aux,
             **_sampler(inp),
         )
 
@@ -96,13 +97,24 @@ def _dpo_pairs(rollout: Rollout, algo: AlgoConfig, generator: torch.Generator) -
 def _update_nft(inp: UpdateInputs, rollout: Rollout, adv: Advantages) -> Stats:
     assert inp.old_model is not None
     return update_nft(
-        inp.model, inp.old_model, inp.optimizer, rollout, adv, inp.config, inp.generator, inp.world, inp.ref_model
+        inp.model,
+        inp.old_model,
+        inp.optimizer,
+        rollout,
+        adv,
+        inp.config,
+        inp.generator,
+        inp.world,
+        inp.ref_model,
+        aux=inp.aux,
     )
 
 
 def _update_dpo(inp: UpdateInputs, rollout: Rollout, pairs: torch.Tensor) -> Stats:
     assert inp.ref_model is not None
-    return update_dpo(inp.model, inp.ref_model, inp.optimizer, rollout, pairs, inp.config, inp.generator, inp.world)
+    return update_dpo(
+        inp.model, inp.ref_model, inp.optimizer, rollout, pairs, inp.config, inp.generator, inp.world, aux=inp.aux
+    )
 
 
 METHODS: dict[str, OnlineMethod] = {

@@ -29,7 +29,7 @@ from cosmos_robot.policies.flow.sampling import executed_mask
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.rl.advantage import Advantages
 from cosmos_robot_trainers.rl.config import RLConfig
-from cosmos_robot_trainers.rl.inputs import UpdateInputs
+from cosmos_robot_trainers.rl.inputs import AuxLoss, UpdateInputs
 from cosmos_robot_trainers.rl.learner import (
     Means,
     accumulated_step,
@@ -120,6 +120,7 @@ def update_nft(
     generator: torch.Generator,
     world: World | None = None,
     ref_model: RLModel | None = None,
+    aux: AuxLoss | None = None,
 ) -> dict[str, float]:
     """DiffusionNFT epochs: x0 = the sampled chunk, r = optimality probability of its episode (``world``:
     this rank's shares of the minibatches, ``learner.py``); ``ref_model`` with ``algo.kl_coef`` adds the
@@ -144,7 +145,7 @@ def update_nft(
                     model, old_model, rollout, adv.advantages, mb[part], draws, mask, algo.nft_beta, adv.weights, ref
                 )
 
-            loss, step = accumulated_step(model, optimizer, pos, loss_fn, o, world, weight)
+            loss, step = accumulated_step(model, optimizer, pos, loss_fn, o, world, weight, aux=aux)
             means.add({"nft_loss": loss, **step}, weight)
     return means.result(world)
 
@@ -329,6 +330,7 @@ def update_dpo(
     config: RLConfig,
     generator: torch.Generator,
     world: World | None = None,
+    aux: AuxLoss | None = None,
 ) -> dict[str, float]:
     """Flow-DPO epochs over (winner, loser) episode pairs (``algo.dpo_pairing``; minibatches of pairs;
     ``world``: this rank's shares of them, ``learner.py``)."""
@@ -344,7 +346,7 @@ def update_dpo(
         for mb in minibatches(rows, o.minibatch_size, generator):
             pos, weight = rank_share(torch.arange(len(mb)), world)
             loss_fn = _dpo_loss_fn(model, ref_model, rollout, pairs[mb], config, generator, mask)
-            loss, step = accumulated_step(model, optimizer, pos, loss_fn, o, world, weight)
+            loss, step = accumulated_step(model, optimizer, pos, loss_fn, o, world, weight, aux=aux)
             means.add({"dpo_loss": loss, **step}, weight)
     return means.result(world)
 

@@ -50,6 +50,7 @@ import torch
 from cosmos_robot.distributed import World, any_rank, barrier, broadcast_parameters, broadcast_text, world_from_env
 from cosmos_robot.policies.flow.sampling import SampleMode
 from cosmos_robot.policies.init_source import resolve_init
+from cosmos_robot.policies.interfaces import Demonstrations
 from cosmos_robot_envs.tabletop.tasks import OBJECT_STATE_DIM, STATE_DIM
 from cosmos_robot_trainers.common import (
     MetricsLogger,
@@ -70,6 +71,7 @@ from cosmos_robot_trainers.common.export import export_policy
 from cosmos_robot_trainers.common.rundir import CHECKPOINTS, prepare_run_dir
 from cosmos_robot_trainers.rl.config import RUNTIME_FIELDS, RLConfig
 from cosmos_robot_trainers.rl.critic import attach_privileged_critic, unwrap
+from cosmos_robot_trainers.rl.demos import DemoTerm, load_demos, sample_weights
 from cosmos_robot_trainers.rl.learner import RATIO_GATE, build_optimizer
 from cosmos_robot_trainers.rl.methods import UpdateInputs, get_method
 from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, frozen_copy, load_rl_adapter
@@ -173,6 +175,7 @@ class _Run:
     t0: float  # perf_counter() when this call's training started
     deadline: float  # perf_counter() past which train.max_wall_minutes stops the run
     world: World = field(default_factory=World)  # the data-parallel learner ranks
+    demos: Demonstrations | None = None  # [bc]'s demonstrations in the model's space (rl/demos.py)
     sharded: bool = False  # train.fsdp: ``model`` is the sharded learner, ``policy.model`` the whole copy
 
     @property
@@ -203,13 +206,19 @@ def run_rl(
     policy = load_rl_adapter(init, torch.device(tcfg.device), config.rollout.noise_level, config.optim.freeze_vlm)
     if config.algo.critic_inputs == "privileged":
         attach_privileged_critic(policy, STATE_DIM + OBJECT_STATE_DIM, seed=tcfg.seed)
+    demos = load_demos(config.bc, policy)  # a bad bc.data fails before any folder is made, too
+    if demos is not None:
+        log(
+            f"bc: {len(demos)} demonstration frames ({demos.num_episodes} episodes) from {config.bc.data}, "
+            f"coef {config.bc.coef} x {config.bc.decay}^iteration per optimizer step"
+        )
     ckpt_path = None
     if world.is_main:
         ckpt_path = prepare_run_dir(config, Path(config.output.dir), RUNTIME_FIELDS, resume=resume, overwrite=overwrite)
     shared = broadcast_text(str(ckpt_path) if ckpt_path is not None else None, world)
     ckpt_path = Path(shared) if shared is not None else None
     configure_torch(tcfg.num_threads, tcfg.deterministic)
-    run = _setup(config, policy, ckpt_path, log, world)
+    run = _setup(config, policy, ckpt_path, log, world, demos)
     stop = min(tcfg.iterations, stop_at_iteration) if stop_at_iteration is not None else tcfg.iterations
     result = RLResult(run.out, run.start, False, run.start if ckpt_path is not None else None, None, run.prior_wall)
     try:
@@ -232,7 +241,12 @@ def _quiet(_: str) -> None:
 
 
 def _setup(
-    config: RLConfig, policy: RLAdapter, ckpt_path: Path | None, log: Callable[[str], None], world: World
+    config: RLConfig,
+    policy: RLAdapter,
+    ckpt_path: Path | None,
+    log: Callable[[str], None],
+    world: World,
+    demos: Demonstrations | None = None,
 ) -> _Run:
     """Phase setup: reference / old models, optimizer, restored from ``ckpt_path``; logger and rollout workers."""
     tcfg = config.train
@@ -290,6 +304,7 @@ def _setup(
         t0=t0,
         deadline=t0 + 60 * tcfg.max_wall_minutes - prior_wall if tcfg.max_wall_minutes else math.inf,
         world=world,
+        demos=demos,
         sharded=sharded,
     )
 
@@ -483,10 +498,15 @@ def _advantage(config: RLConfig, rollout: Rollout, gen: torch.Generator) -> tupl
 
 
 def _update_inputs(run: _Run, gen: torch.Generator, iteration: int) -> UpdateInputs:
-    """The run's models, optimizer and sampler settings (same field names), plus this iteration's generator."""
-    own = ("generator", "iteration")
+    """The run's models, optimizer and sampler settings (same field names), plus this iteration's generator
+    and demonstration loss."""
+    own = ("generator", "iteration", "aux")
     shared = {f.name: getattr(run, f.name) for f in fields(UpdateInputs) if f.name not in own and hasattr(run, f.name)}
-    return UpdateInputs(**shared, generator=gen, iteration=iteration)
+    aux = None
+    if run.demos is not None:
+        weights = sample_weights(run.demos.prompts, run.config.bc.task_weighting)
+        aux = DemoTerm.for_iteration(run.demos, weights, run.config.bc, iteration, _seed(run.config, iteration, 3))
+    return UpdateInputs(**shared, generator=gen, iteration=iteration, aux=aux)
 
 
 def _health(run: _Run, rollout: Rollout, adv: Any, gen: torch.Generator, iteration: int) -> dict[str, float]:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from cosmos_robot.data.loader import first_episodes_per_task
 from cosmos_robot.normalize import FeatureStats
 from cosmos_robot.policies.flow import FlowConfig, encode_prompts
 from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig
@@ -199,7 +200,7 @@ def load_train_data(cfg: DataConfig, model: FlowConfig) -> TrainData:
         cameras=tuple(model.cameras),
         state_keys=tuple(model.state_keys),
     )
-    keep = _first_episodes_per_task(demo.episode_index.numpy(), demo.prompts, cfg.max_episodes_per_task)
+    keep = first_episodes_per_task(demo.episode_index.numpy(), demo.prompts, cfg.max_episodes_per_task)
     if keep is not None:
         demo.images, demo.state, demo.actions = demo.images[keep], demo.state[keep], demo.actions[keep]
         demo.action_is_pad, demo.episode_index = demo.action_is_pad[keep], demo.episode_index[keep]
@@ -220,15 +221,3 @@ def load_train_data(cfg: DataConfig, model: FlowConfig) -> TrainData:
         stats=stats,
         num_episodes=demo.num_episodes,
     )
-
-
-def _first_episodes_per_task(episodes: np.ndarray, prompts: list[str], limit: int | None) -> torch.Tensor | None:
-    """Frame indices of the first ``limit`` episodes of each instruction (None: keep everything)."""
-    if limit is None:
-        return None
-    first_frame = {int(ep): i for i, ep in reversed(list(enumerate(episodes.tolist())))}
-    per_task: dict[str, list[int]] = {}
-    for ep in sorted(first_frame):
-        per_task.setdefault(prompts[first_frame[ep]], []).append(ep)
-    chosen = {ep for eps in per_task.values() for ep in eps[:limit]}
-    return torch.from_numpy(np.flatnonzero(np.isin(episodes, sorted(chosen))))

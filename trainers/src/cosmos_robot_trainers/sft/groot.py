@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from cosmos_robot.data.loader import first_episodes_per_task
 from cosmos_robot.policies.groot.policy import Gr00tPolicy
 from cosmos_robot.policies.groot.training import (
     backbone_features,
@@ -50,7 +51,7 @@ from cosmos_robot_trainers.common.export import EMA
 from cosmos_robot_trainers.common.progress import TrainProgress
 from cosmos_robot_trainers.sft.adapter import SFTData
 from cosmos_robot_trainers.sft.config import AugmentConfig, SFTConfig
-from cosmos_robot_trainers.sft.data import FrameSet, _first_episodes_per_task
+from cosmos_robot_trainers.sft.data import FrameSet
 
 __all__ = [
     "FeatureCache",
@@ -185,7 +186,7 @@ def load_groot_demos(config: SFTConfig, base: Gr00tPolicy) -> Any:
         raise ValueError(f"the checkpoint has {len(base.io.camera_keys)} cameras; the recorded data have {ENV_CAMERAS}")
     size = _dataset_image_size(Path(cfg.root), cams[0])
     demo = load_demonstrations(cfg.root, chunk_size=int(head.action_horizon), image_size=size, cameras=cams)
-    keep = _first_episodes_per_task(demo.episode_index.numpy(), demo.prompts, cfg.max_episodes_per_task)
+    keep = first_episodes_per_task(demo.episode_index.numpy(), demo.prompts, cfg.max_episodes_per_task)
     if keep is not None:
         demo.images, demo.state, demo.actions = demo.images[keep], demo.state[keep], demo.actions[keep]
         demo.action_is_pad, demo.episode_index = demo.action_is_pad[keep], demo.episode_index[keep]

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from cosmos_robot.data.loader import first_episodes_per_task
 from cosmos_robot.normalize import FeatureStats
 from cosmos_robot.policies.pi05.modeling import Pi05Model
 from cosmos_robot.policies.pi05.policy import Pi05Policy, build_processors
@@ -31,7 +32,7 @@ from cosmos_robot.policies.rl_heads import openpi_flow_time
 from cosmos_robot_trainers.common.export import EMA
 from cosmos_robot_trainers.sft.adapter import SFTData, refuse_finetune
 from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig, SFTConfig
-from cosmos_robot_trainers.sft.data import FrameSet, _first_episodes_per_task, augment_images
+from cosmos_robot_trainers.sft.data import FrameSet, augment_images
 from cosmos_robot_trainers.sft.optim import default_param_groups
 
 __all__ = ["Pi05SFTAdapter", "Pi05SFTModel", "Pi05TrainData", "build_pi05_policy", "load_pi05_train_data"]
@@ -114,7 +115,7 @@ def load_pi05_train_data(cfg: DataConfig, policy: Pi05Policy, preprocess_rows: i
         raise ValueError(f"the checkpoint has {len(policy.camera_keys)} cameras; the tabletop data have {ENV_CAMERAS}")
     size = arch.vision.image_size
     demo = load_demonstrations(cfg.root, chunk_size=arch.chunk_size, image_size=size, cameras=cams)
-    keep = _first_episodes_per_task(demo.episode_index.numpy(), demo.prompts, cfg.max_episodes_per_task)
+    keep = first_episodes_per_task(demo.episode_index.numpy(), demo.prompts, cfg.max_episodes_per_task)
     if keep is not None:
         demo.images, demo.state, demo.actions = demo.images[keep], demo.state[keep], demo.actions[keep]
         demo.action_is_pad, demo.episode_index = demo.action_is_pad[keep], demo.episode_index[keep]
