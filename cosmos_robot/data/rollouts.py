@@ -164,5 +164,5 @@ def _append(
     for cam in cameras:
         ep.images.setdefault(cam, []).append(np.array(obs[cam], dtype=np.uint8))
     for key in vectors:
-        ep.vectors.setdefault(key, []).append(np.array(obs[key], dtype=np.float32))
+        ep.vectors.setdefault(key, []).append(np.array(obs[key], dtype=np.float32).reshape(-1))  # arrays row-major
     ep.actions.append(np.array(action, dtype=np.float32))

@@ -25,10 +25,13 @@ after the last action is not stored (LeRobot's convention).
 The driving suite's layout (``DRIVING``; ``cosmos_robot_envs.driving``) at 10 fps:
 
 ================================ ======= ============ ==================================================
-``observation.state``            float32 (128,)       the ego-frame scene: ego history (10 x 4), route (20 x 2),
-                                                      nearest agents (8 x 6) (``DrivingEnv``'s flat state)
+``observation.state``            float32 (137,)       the rig-frame scene: ego history (16 x 3), speed (1),
+                                                      route (20 x 2), nearest agents (8 x 6) (``DrivingEnv``'s
+                                                      flat state; the agents are privileged for AlpaSim)
+``observation.ego_history``      float32 (48,)        AlpaSim's ``observation/ego_history`` (16, 3), flattened
+``observation.route``            float32 (60,)        AlpaSim's ``observation/route`` (20, 3), flattened
 ``observation.images.image``     image   (S, 4S, 3)   top-down camera (only when cameras are recorded)
-``action``                       float32 (40,)        the expert's plan: 20 ego-frame waypoints (x, y) at 0.1 s
+``action``                       float32 (40,)        the expert's plan: 20 rig-frame waypoints (x, y) at 0.1 s
 ================================ ======= ============ ==================================================
 
 ``DemoLayout`` bundles what differs per suite (features, rate, robot type, the expert that acts on an
@@ -150,6 +153,7 @@ def _tabletop_env(tasks: tuple[str, ...], image_size: int, max_steps: int | None
 
 
 DRIVING_PLAN_LEN = 20  # waypoints per plan (DrivingEnv's default)
+DRIVING_HISTORY, DRIVING_ROUTE_LEN, DRIVING_AGENTS = 16, 20, 8  # DrivingEnv's defaults
 
 
 class _DrivingExpert:
@@ -208,12 +212,16 @@ def _driving_features(image_size: int, use_videos: bool, cameras: bool) -> dict[
     from cosmos_robot_envs.driving.env import AGENT_FIELDS, HISTORY_FIELDS, state_layout
 
     names: list[str] = []
-    for part, (_, shape) in state_layout(10, 20, 8).items():
-        cols = {"ego_history": HISTORY_FIELDS, "route": ("x", "y"), "agents": AGENT_FIELDS}[part]
+    for part, (_, shape) in state_layout(DRIVING_HISTORY, DRIVING_ROUTE_LEN, DRIVING_AGENTS).items():
+        cols = {"ego_history": HISTORY_FIELDS, "speed": ("v",), "route": ("x", "y"), "agents": AGENT_FIELDS}[part]
         names.extend(f"{part}_{i}_{c}" for i in range(shape[0]) for c in cols)
     plan = [f"{axis}{k}" for k in range(DRIVING_PLAN_LEN) for axis in ("x", "y")]
+    history = [f"{c}{i}" for i in range(DRIVING_HISTORY) for c in HISTORY_FIELDS]
+    route = [f"{c}{i}" for i in range(DRIVING_ROUTE_LEN) for c in ("x", "y", "z")]
     features: dict[str, dict[str, Any]] = {
         STATE: {"dtype": "float32", "shape": (len(names),), "names": names},
+        "observation.ego_history": {"dtype": "float32", "shape": (len(history),), "names": history},
+        "observation.route": {"dtype": "float32", "shape": (len(route),), "names": route},
         ACTION: {"dtype": "float32", "shape": (len(plan),), "names": plan},
     }
     if cameras:
@@ -256,7 +264,7 @@ DRIVING = DemoLayout(
     fps=10,
     robot_type="cosmos_robot_driving_ego",
     cameras=("image",),
-    vectors=("state",),
+    vectors=("state", "ego_history", "route"),  # the last two flattened (AlpaSim's arrays, row-major)
     features=_driving_features,
     expert=_DrivingExpert,
     make_env=_driving_env,

@@ -11,10 +11,10 @@ real channel; ``AlpasimLoopback.in_process(servicer)`` calls the same servicer's
 protobuf messages and no network, for speed. A test shows both give bitwise-equal trajectories.
 
 Frames: highway-env's world (x along the road, y towards the right-hand lanes) becomes AlpaSim's
-``local`` frame as (x, -y, 0) with yaw = -heading, so the rig frame (x forward, y left) is the suite's
-ego frame (x forward, y right) with y negated. The route goes out as rig-frame waypoints at the tick's
-timestamp; the returned poses are turned back into the suite's ego-frame plan, point k at (k + 1)
-ticks, and stepped.
+``local`` frame as (x, -y, 0) with yaw = -heading; the suite's ego frame IS AlpaSim's rig frame (x
+forward, y left), so the env's ``route`` goes out as it is (rig-frame waypoints at the tick's
+timestamp), and the returned poses become the suite's plan, point k at (k + 1) ticks, and are stepped.
+The driver hands the policy the same ``ego_history`` and ``route`` the env observes (tested tick by tick).
 """
 
 from __future__ import annotations
@@ -190,8 +190,8 @@ class AlpasimLoopback:
     def _route(uuid: str, obs: dict[str, Any], now: int) -> Any:
         from cosmos_robot_server.alpasim.proto import common_pb2, egodriver_pb2
 
-        route = np.asarray(obs["route"], np.float64)  # suite ego frame: y right; rig frame: y left
-        waypoints = [common_pb2.Vec3(x=float(px), y=float(-py), z=0.0) for px, py in route]
+        route = np.asarray(obs["route"], np.float64)  # (N, 3) rig frame, as the suite observes it
+        waypoints = [common_pb2.Vec3(x=float(px), y=float(py), z=float(pz)) for px, py, pz in route]
         return egodriver_pb2.RouteRequest(
             session_uuid=uuid, route=egodriver_pb2.Route(timestamp_us=now, waypoints=waypoints)
         )
@@ -211,7 +211,7 @@ class AlpasimLoopback:
 
     @staticmethod
     def _plan(reply: Any, sim: Any, now: int) -> np.ndarray:
-        """The returned local-frame poses as the suite's (K, 2) ego-frame plan: positions at now + k
+        """The returned local-frame poses as the suite's (K, 2) rig-frame plan: positions at now + k
         ticks (k = 1..K), interpolated in time from the poses' own timestamps (a driver whose
         ``action_dt`` differs from the tick still gives the path it means), the last step continued."""
         stamps = np.array([p.timestamp_us for p in reply.trajectory.poses], np.float64)
@@ -233,7 +233,7 @@ class AlpasimLoopback:
         if beyond.any():  # continue the last step at its speed
             velocity = (path[-1] - path[-2]) / max(times[-1] - times[-2], 1.0)
             out[beyond] = path[-1] + np.outer(query[beyond] - times[-1], velocity)
-        return np.column_stack([out[:, 0], -out[:, 1]]).astype(np.float32)  # rig (y left) -> suite (y right)
+        return out.astype(np.float32)  # rig frame: the suite's plan
 
 
 class RouteKeepingPolicy(BasePolicy):

@@ -20,12 +20,15 @@ __all__ = ["ConcatKeys"]
 @register_transform
 @dataclass(frozen=True)
 class ConcatKeys:
-    """Concatenate 1-D vectors ``keys`` (in order) into ``out``, e.g. robot state + object state -> ``state``.
+    """Concatenate 1-D vectors ``keys`` (in order) into ``out``, e.g. robot state + object state -> ``state``;
+    with ``flatten``, arrays too, each flattened row-major (AlpaSim's (16, 3) ego history).
 
-    A missing key or a value that is not a flat vector is an error naming the key and its shape."""
+    A missing key or (without ``flatten``) a value that is not a flat vector is an error naming the key
+    and its shape."""
 
     keys: tuple[str, ...]
     out: str
+    flatten: bool = False
 
     def __call__(self, data: dict[str, Any]) -> dict[str, Any]:
         parts = []
@@ -33,6 +36,8 @@ class ConcatKeys:
             if key not in data:
                 raise KeyError(f"observation is missing {key!r} (needed for {self.out!r}; got keys {sorted(data)})")
             value = np.asarray(data[key])
+            if self.flatten:
+                value = value.reshape(-1)
             if value.ndim != 1:
                 raise ValueError(f"{key}: expected a flat vector to join into {self.out!r}, got shape {value.shape}")
             parts.append(value.astype(np.float32, copy=False))

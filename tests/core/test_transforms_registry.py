@@ -21,6 +21,13 @@ def test_concat_keys_joins_vectors_in_order_and_names_bad_input() -> None:
         tf.run_transforms(join, {"state": np.zeros(2)})
     with pytest.raises(ValueError, match=r"object_state: expected a flat vector .* shape \(2, 2\)"):
         tf.run_transforms(join, {"state": np.zeros(2), "object_state": np.zeros((2, 2))})
+    # flatten: arrays joined row-major (AlpaSim's (16, 3) ego history), and the option survives policy.json
+    flat = tf.transforms_from_config(
+        tf.transforms_to_config([tf.ConcatKeys(("ego_history", "route"), "state", flatten=True)])
+    )
+    hist, route = np.arange(6.0).reshape(3, 2), np.array([[10.0, 11.0, 12.0]])
+    out = tf.run_transforms(flat, {"ego_history": hist, "route": route})
+    assert out["state"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 10.0, 11.0, 12.0]
 
 
 def test_pipeline_round_trips_through_config() -> None:

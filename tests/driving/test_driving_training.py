@@ -53,12 +53,20 @@ def test_record_driving_stores_state_and_the_experts_plans(tmp_path: Path) -> No
     side = record_small(tmp_path / "clean", 0.0)
     assert side["counts"]["rolled_out"] == 2 and side["config"]["suite"] == "driving"
     demo = load_demonstrations(tmp_path / "clean", chunk_size=1, image_size=8, cameras=(), state_keys=("state",))
-    assert demo.state.shape[1] == 128 and demo.actions.shape[1:] == (1, 40) and demo.fps == DRIVING.fps
+    assert demo.state.shape[1] == 137 and demo.actions.shape[1:] == (1, 40) and demo.fps == DRIVING.fps
     assert set(demo.prompts) == {"merge"}  # no instruction in the suite: the task name labels the frames
     for state, action in zip(demo.state.numpy(), demo.actions[:, 0].numpy(), strict=True):
         assert np.allclose(plan_from_state(state).reshape(-1), action, atol=1e-5)  # labels = the expert's plans
     info = json.loads((tmp_path / "clean" / "meta" / "info.json").read_text())
     assert info["robot_type"] == DRIVING.robot_type and STATE in info["features"]
+    # AlpaSim's arrays, flattened row-major: the rows an AlpaSim-ready planner concatenates
+    alpasim = load_demonstrations(
+        tmp_path / "clean", chunk_size=1, image_size=8, cameras=(), state_keys=("ego_history", "route")
+    )
+    assert alpasim.state.shape[1] == 16 * 3 + 20 * 3
+    history = alpasim.state[:, :48].reshape(-1, 16, 3)
+    assert torch.equal(history[:, -1], torch.zeros_like(history[:, -1]))  # the newest pose is the rig origin
+    assert torch.allclose(history, demo.state[:, :48].reshape(-1, 16, 3))  # the same history inside state
 
     # DART: the executed plans are perturbed, so the episodes visit other states, but every label is still
     # the expert's plan for the state it was recorded in
@@ -84,16 +92,16 @@ def test_record_refuses_noise_for_a_suite_without_a_perturbation(
 
 def test_a_prompt_free_planner_ignores_instructions() -> None:
     config = FlowConfig(
-        cameras=(), state_keys=("state",), state_dim=128, action_dim=40, chunk_size=1, read_prompt=False,
+        cameras=(), state_keys=("state",), state_dim=137, action_dim=40, chunk_size=1, read_prompt=False,
         serve_noise="fixed",
     )  # fmt: skip
     stats = {
         key: FeatureStats.from_dict({"mean": [0.0] * n, "std": [1.0] * n, "min": [-1.0] * n, "max": [1.0] * n}, key)
-        for key, n in (("state", 128), ("actions", 40))
+        for key, n in (("state", 137), ("actions", 40))
     }
     policy = FlowPolicy(FlowModel(config), stats)
     assert "prompt" not in policy.input_spec.fields
-    state = np.linspace(-1, 1, 128).astype(np.float32)
+    state = np.linspace(-1, 1, 137).astype(np.float32)
     plain = policy.infer({"observation/state": state})["actions"]
     told = policy.infer({"observation/state": state, "prompt": "turn left"})["actions"]
     assert plain.shape == (1, 40) and np.array_equal(plain, told)
@@ -105,7 +113,7 @@ def step_infos(preset: str, ticks: int = 25) -> list[tuple[float, dict]]:
     out = []
     for _ in range(ticks):
         plan = plan_from_state(obs["state"])
-        plan[:, 1] += 0.8  # drift right: off the expert's replay, so the distance term is not zero
+        plan[:, 1] -= 0.8  # drift right (rig frame: y left): off the expert's replay, so the distance term is not zero
         obs, reward, terminated, truncated, info = env.step(plan)
         out.append((reward, info))
         if terminated or truncated:
@@ -189,13 +197,34 @@ def test_debug_image_planner_records_trains_and_evaluates(tmp_path: Path) -> Non
     result = run_sft(config, log=lambda _: None)
     assert result.final_dir is not None
     planner = load_policy_folder(result.final_dir)
-    assert planner.input_spec.fields.keys() == {"observation/image", "observation/state"}
+    # AlpaSim's keys only (no privileged agent list): what `serve --alpasim-port` hands it
+    assert planner.input_spec.fields.keys() == {"observation/image", "observation/ego_history", "observation/route"}
     demo = load_demonstrations(
-        tmp_path / "run" / "demos", chunk_size=1, image_size=16, cameras=("image",), state_keys=("state",)
+        tmp_path / "run" / "demos", chunk_size=1, image_size=16, cameras=("image",), state_keys=("ego_history",)
     )
     assert demo.images.shape[1:] == (1, 3, 16, 16)  # the 16 x 64 camera, squeezed as serving resizes it
     results = sorted((tmp_path / "run" / "eval").rglob("results.json"))
     assert results and json.loads(results[-1].read_text())["suite"] == "driving"
+
+    # the same checkpoint drives the suite through AlpaSim's driver (the loopback runtime, real messages)
+    from cosmos_robot.driving import AlpasimLoopback
+    from cosmos_robot_server.alpasim import AlpasimDriverConfig, AlpasimDriverServicer
+
+    config_driver = AlpasimDriverConfig(camera_map={"camera_top_down": "image"}, route_length=20)
+    env = DrivingEnv(tasks=["merge"], obs_mode="camera", image_size=16, max_steps=8, expert_replay=False)
+    runtime = AlpasimLoopback.in_process(AlpasimDriverServicer(planner, config_driver), camera=True)
+    episode = runtime.run_episode(env, seed=3, task="merge")
+    assert len(episode.plans) >= 1 and all(p.shape == (20, 2) for p in episode.plans)
+    # the plan the driver turned into poses is the planner's own answer for the env's observation
+    obs, _ = env.reset(seed=3, options={"task": "merge"})
+    direct = planner.infer(
+        {
+            "observation/image": obs["image"],
+            "observation/ego_history": obs["ego_history"],
+            "observation/route": obs["route"],
+        }
+    )["actions"].reshape(20, 2)
+    np.testing.assert_allclose(episode.plans[0], direct, atol=2e-3)
 
 
 def test_record_cli_driving_options(tmp_path: Path) -> None:

@@ -41,15 +41,15 @@ def test_grpc_and_in_process_give_bitwise_equal_trajectories() -> None:
 
 
 class ExpertThroughTheDriver(BasePolicy):
-    """Answers the env's privileged expert plan, converted to the rig frame: if every frame conversion of
-    the runtime and the driver is right, the episode is the expert's own (distance to its replay ~0)."""
+    """Answers the env's privileged expert plan (rig frame, as the suite's plans are): if every frame
+    conversion of the runtime and the driver is right, the episode is the expert's own (distance to its
+    replay ~0)."""
 
     def __init__(self, env: DrivingEnv) -> None:
         self.env = env
 
     def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
-        plan = self.env.expert_action().reshape(-1, 2)
-        return {"actions": np.column_stack([plan[:, 0], -plan[:, 1]])}  # suite ego frame -> rig frame
+        return {"actions": self.env.expert_action().reshape(-1, 2)}
 
 
 def test_the_expert_plan_round_trips_through_the_driver() -> None:
@@ -60,6 +60,41 @@ def test_the_expert_plan_round_trips_through_the_driver() -> None:
     # float32 poses on the wire (positions of a few hundred metres): the replay is matched to millimetres
     assert max(i["dist_to_gt"] for i in episode.infos) < 0.01
     assert episode.infos[-1]["progress"] == pytest.approx(1.0, abs=1e-3)
+
+
+class ComparesWithTheEnv(ExpertThroughTheDriver):
+    """Records, each tick, what the driver hands the policy beside what the env itself observes."""
+
+    def __init__(self, env: DrivingEnv) -> None:
+        super().__init__(env)
+        self.pairs: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def infer(self, obs: dict[str, Any]) -> dict[str, Any]:
+        self.pairs.append((dict(obs), self.env._observe()))
+        return super().infer(obs)
+
+
+def test_the_driver_hands_the_policy_what_the_env_observes() -> None:
+    """The AlpaSim keys of the suite (``ego_history``, ``route``, the top-down camera) are what AlpaSim's
+    driver builds from the poses, the route and the frames it is sent: a planner trained on the suite's
+    recordings sees the same arrays when it drives through ``serve --alpasim-port``."""
+    env = DrivingEnv(max_steps=25, obs_mode="camera", image_size=32, expert_replay=False)
+    policy = ComparesWithTheEnv(env)
+    config = AlpasimDriverConfig(camera_map={"camera_top_down": "image"}, route_length=20)
+    AlpasimLoopback.in_process(AlpasimDriverServicer(policy, config), camera=True).run_episode(
+        env, seed=4, task="merge"
+    )
+    assert len(policy.pairs) == 25
+    moved = 0.0
+    for wire, own in policy.pairs:
+        assert wire["observation/ego_history"].shape == own["ego_history"].shape == (16, 3)
+        assert wire["observation/route"].shape == own["route"].shape == (20, 3)
+        # float32 poses on the wire, world positions of hundreds of metres: equal to a millimetre
+        np.testing.assert_allclose(wire["observation/ego_history"], own["ego_history"], atol=2e-3)
+        np.testing.assert_allclose(wire["observation/route"], own["route"], atol=2e-3)
+        assert np.array_equal(wire["observation/image"], own["image"])  # PNG is lossless
+        moved = max(moved, float(np.abs(own["ego_history"][0, 0])))
+    assert moved > 20.0  # 1.5 s of history at highway speed: the comparison covered real motion
 
 
 class SeesTheCamera(RouteKeepingPolicy):

@@ -97,7 +97,7 @@ def test_episode_reward_is_the_sum_of_its_terms_and_progress_is_normalised() -> 
 
 def test_driving_into_the_barrier_is_offroad_and_ends_the_episode() -> None:
     env = DrivingEnv(max_steps=80, expert_replay=False)
-    _, infos = run(env, lambda e: np.array([[3.0 * (k + 1), -2.0 * (k + 1)] for k in range(20)], np.float32), seed=4)
+    _, infos = run(env, lambda e: np.array([[3.0 * (k + 1), 2.0 * (k + 1)] for k in range(20)], np.float32), seed=4)
     assert infos[-1]["offroad"] or infos[-1]["collision"]
     assert infos[-1]["tick"] < 80 and not infos[-1]["is_success"]
 
@@ -108,12 +108,13 @@ def test_tracker_follows_speed_and_turns_toward_the_plan() -> None:
     assert abs(hold[0]) < 1e-6 and abs(hold[1]) < 1e-9
     faster = track_plan(straight_plan(30.0), 25.0, DT, 5.0, gains)
     assert faster[0] > 0
-    right = straight_plan(25.0)
-    right[:, 1] = np.linspace(0.1, 3.0, 20)  # ego frame: +y is the driver's right (highway-env's +y)
-    assert track_plan(right, 25.0, DT, 5.0, gains)[1] > 0
-    assert track_plan(-right, 25.0, DT, 5.0, gains)[0] == -1.0  # pointing backwards: brake
+    left = straight_plan(25.0)
+    left[:, 1] = np.linspace(0.1, 3.0, 20)  # rig frame: +y is the driver's left (highway-env's -y)
+    assert track_plan(left, 25.0, DT, 5.0, gains)[1] < 0  # highway-env steers left with a negative angle
+    assert track_plan(-left, 25.0, DT, 5.0, gains)[0] == -1.0  # pointing backwards: brake
+    # facing the right-hand lanes (world +y), the road ahead (world +x) is on the driver's left
     pts = to_ego(np.array([[10.0, 0.0]]), np.zeros(2), math.pi / 2)
-    np.testing.assert_allclose(pts, [[0.0, -10.0]], atol=1e-12)
+    np.testing.assert_allclose(pts, [[0.0, 10.0]], atol=1e-12)
 
 
 def test_every_scenario_runs_with_the_expert() -> None:
@@ -162,7 +163,7 @@ def test_the_observation_level_expert_drives_from_the_wire_state() -> None:
     last = infos[-1]
     assert last["is_success"] and not last["collision"] and not last["offroad"]
     assert last["progress"] > 0.9 and last["mean_dist_to_gt"] < 3.0
-    with pytest.raises(ValueError, match=r"observation/state: expected shape \(128,\), got \(5,\)"):
+    with pytest.raises(ValueError, match=r"observation/state: expected shape \(137,\), got \(5,\)"):
         policy.infer({"observation/state": np.zeros(5, np.float32)})
 
 

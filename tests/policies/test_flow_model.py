@@ -39,7 +39,9 @@ def test_config_is_deterministic_and_seeded() -> None:
         ({"image_size": 30, "encoder_patch": 4}, "encoder_patch"),
         ({"noise_std_min": 0.2, "noise_std_max": 0.1}, "noise_std_min"),
         ({"cameras": ("image", "image")}, "cameras"),
-        ({"state_keys": ("object_state",)}, "state_keys"),
+        ({"state_keys": ()}, "state_keys"),
+        ({"state_shapes": {"route": (20, 3)}}, "state_shapes"),  # not one of the state_keys
+        ({"state_keys": ("route",), "state_shapes": {"route": (0, 3)}}, "state_shapes"),
         ({"state_keys": ("state", "image")}, "state_keys"),
         ({"time_embed_dim": 7}, "time_embed_dim"),
         ({"chunk_sise": 3}, "chunk_sise"),

@@ -79,6 +79,13 @@ def test_plan_xy_yaw_and_layouts() -> None:
     np.testing.assert_allclose(xy.xyz[:, :2], wide[:, :2])
     batched = plan_to_poses(wide[None, :, :3], anchor_xyz=np.zeros(3), anchor_yaw=0.0, time_now_us=0, dt_us=1)
     np.testing.assert_allclose(quat_to_yaw(batched.quat_wxyz), [2.0, 9.0 - 2 * np.pi], atol=1e-6)
+    # one row holding a whole plan (the driving suite's planners: actions (1, 2K)) is K x, y waypoints
+    flat = np.array([[1.0, 0.0, 2.0, 0.5, 3.0, 1.0, 4.0, 1.5]])
+    for layout in ("auto", "flat_xy"):
+        poses = plan_to_poses(flat, anchor_xyz=np.zeros(3), anchor_yaw=0.0, time_now_us=0, dt_us=1, layout=layout)
+        np.testing.assert_allclose(poses.xyz[:, :2], flat.reshape(4, 2))
+    with pytest.raises(PlanError, match=r"layout 'flat_xy' needs one row of even width, got shape \(2, 7\)"):
+        plan_to_poses(wide, anchor_xyz=np.zeros(3), anchor_yaw=0.0, time_now_us=0, dt_us=1, layout="flat_xy")
     for bad, message in [
         ([[0.0, np.nan]], "non-finite value in row 0"),
         (np.zeros((0, 2)), "H >= 1"),

@@ -30,6 +30,9 @@ class FlowConfig(StrictModel):
     # observation vectors concatenated, in order, into the model's state (wire key "observation/<name>");
     # a camera-free tabletop policy reads ("state", "object_state")
     state_keys: tuple[str, ...] = ("state",)
+    # wire shapes of state keys that arrive as arrays, flattened row-major into the state (AlpaSim's
+    # observation/ego_history (16, 3) and observation/route (20, 3)); a key not named here is a flat vector
+    state_shapes: dict[str, tuple[int, ...]] = Field(default_factory=dict)
     state_dim: int = Field(
         default=8, ge=1
     )  # length of the concatenated state (tabletop: eef pos 3, axis-angle 3, fingers 2; + object_state 15)
@@ -110,10 +113,20 @@ class FlowConfig(StrictModel):
 
     @field_validator("state_keys")
     @classmethod
-    def _state_first(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if not value or value[0] != "state":
-            raise ValueError(f"must start with 'state' (the robot state every client sends), got {list(value)}")
+    def _some_state(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("needs at least one observation vector (usually 'state')")
         return value
+
+    @model_validator(mode="after")
+    def _shapes_ok(self) -> FlowConfig:
+        unknown = sorted(set(self.state_shapes) - set(self.state_keys))
+        if unknown:
+            raise ValueError(f"state_shapes names {unknown}, which are not state_keys {list(self.state_keys)}")
+        for key, shape in self.state_shapes.items():
+            if not shape or any(int(d) < 1 for d in shape):
+                raise ValueError(f"state_shapes[{key!r}]: expected positive sizes, got {list(shape)}")
+        return self
 
     @model_validator(mode="after")
     def _binarize_dims_ok(self) -> FlowConfig:

@@ -86,8 +86,8 @@ def default_input_transforms(config: FlowConfig, stats: StatsLike) -> list[Trans
     steps: list[Transform] = [RenameKeys(config.wire_keys)]
     if config.cameras:
         steps.append(ResizeImages(tuple(config.cameras), config.image_size, config.image_size))
-    if len(config.state_keys) > 1:
-        steps.append(ConcatKeys(tuple(config.state_keys), "state"))
+    if config.state_keys != ("state",) or config.state_shapes:  # joined (arrays flattened) into "state"
+        steps.append(ConcatKeys(tuple(config.state_keys), "state", flatten=bool(config.state_shapes)))
     steps.append(NormalizeKeys({"state": st["state"].to_dict()}, config.norm_mode, ("state",)))
     return steps
 
@@ -176,8 +176,11 @@ class FlowPolicy(ShapeCounted, BatchPolicy):
             f"observation/{cam}": ArraySpec((None, None, 3), "uint8", description=f"{cam} camera, any size")
             for cam in self.config.cameras
         }
-        keys = self.config.state_keys
+        keys, shapes = self.config.state_keys, self.config.state_shapes
         for key in keys:  # one vector: its length is state_dim; several: the concatenation's is (collate checks)
+            if key in shapes:
+                fields[f"observation/{key}"] = ArraySpec(tuple(shapes[key]), "floating", description=f"{key} array")
+                continue
             shape = (self.config.state_dim,) if len(keys) == 1 else (None,)
             fields[f"observation/{key}"] = ArraySpec(shape, "floating", description=f"{key} vector")
         if self.config.read_prompt:

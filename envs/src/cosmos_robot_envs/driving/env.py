@@ -1,16 +1,19 @@
-"""``DrivingEnv``: highway-env behind AlpaSim's boundary (plans in, ego-frame scene out, AlpaGym metrics).
+"""``DrivingEnv``: highway-env behind AlpaSim's boundary (plans in, rig-frame scene out, AlpaGym metrics).
 
 Why highway-env: a real, pip-installable driving simulator (MIT, Gymnasium >= 1.0, no downloads,
 seeded episodes deterministic) with IDM/MOBIL traffic on multi-lane roads, fast enough on a CPU for
 closed-loop RL. What this wrapper adds is the contract of NVIDIA's AlpaSim / AlpaGym:
 
-- **actions are planned trajectories**: K ego-frame waypoints, point k where the ego should be
+- **actions are planned trajectories**: K rig-frame waypoints (AlpaSim's ego frame: x forward, y
+  left; ``geometry``), point k where the ego should be
   (k + 1) * 0.1 s from now, followed by a tracker (``geometry.track_plan``) at 10 Hz. The action space
   is the plan flattened, ``(2K,)`` = ``x0, y0, x1, y1, ...`` (the vector layer and the evaluator step
   1-D actions; a policy's chunk row is one plan); ``step`` also takes the ``(K, 2)`` array;
-- **observations are the scene in the ego frame**: the ego's recent states, the route ahead (lane
-  centre points), the nearest agents, a flat ``state`` vector of all three for state policies, and
-  optionally a top-down camera image;
+- **observations are the scene in the rig frame**: ``ego_history`` and ``route`` exactly as AlpaSim's
+  driver hands them to a policy (``observation/ego_history`` (16, 3) past x, y, yaw at 0.1 s, oldest
+  first; ``observation/route`` (N, 3) waypoints), the nearest agents (privileged: AlpaSim shows other
+  vehicles only through cameras), a flat ``state`` vector of all of them and the speed for state
+  policies, and optionally a top-down camera image (what AlpaSim's ``camera_top_down`` carries);
 - **AlpaGym's metrics** in ``info`` every tick: progress along the route, collision, off-road, the
   distance to the ground truth, which is the scripted expert's replay of the same seed
   (``expert.expert_plan``: IDM car following and lane keeping), and per-tick rewards of a preset
@@ -33,7 +36,14 @@ import numpy as np
 from gymnasium import spaces
 
 from cosmos_robot_envs.driving.expert import IDMParams, expert_plan
-from cosmos_robot_envs.driving.geometry import TrackerGains, route_points, to_ego, track_plan, vectors_to_ego
+from cosmos_robot_envs.driving.geometry import (
+    TrackerGains,
+    route_points,
+    to_ego,
+    track_plan,
+    vectors_to_ego,
+    yaw_to_ego,
+)
 from cosmos_robot_envs.driving.scenarios import SCENARIOS, make_scenario
 
 __all__ = [
@@ -51,13 +61,19 @@ DT = 0.1  # seconds per tick: AlpaSim's planning interval and the control rate
 OBS_MODES = ("state", "camera")
 REWARD_PRESETS = ("progress_safety", "distance_to_gt")
 AGENT_FIELDS = ("present", "x", "y", "vx", "vy", "heading")
-HISTORY_FIELDS = ("x", "y", "heading", "speed")
+HISTORY_FIELDS = ("x", "y", "yaw")  # AlpaSim's ego_history columns
 _REPLAY_CACHE = 128
 
 
 def state_layout(history: int, route_len: int, agents: int) -> dict[str, tuple[slice, tuple[int, ...]]]:
-    """Where ``ego_history``, ``route`` and ``agents`` sit in the flat ``state`` vector, and their shapes."""
-    shapes = {"ego_history": (history, 4), "route": (route_len, 2), "agents": (agents, len(AGENT_FIELDS))}
+    """Where ``ego_history``, the ego's ``speed``, the ``route`` (x, y) and ``agents`` sit in the flat
+    ``state`` vector, and their shapes."""
+    shapes = {
+        "ego_history": (history, len(HISTORY_FIELDS)),
+        "speed": (1,),
+        "route": (route_len, 2),
+        "agents": (agents, len(AGENT_FIELDS)),
+    }
     out: dict[str, tuple[slice, tuple[int, ...]]] = {}
     start = 0
     for name, shape in shapes.items():
@@ -89,10 +105,6 @@ def reward_terms(preset: str, info: Mapping[str, Any]) -> dict[str, float]:
     raise ValueError(f"reward preset {preset!r}; choose from {list(REWARD_PRESETS)}")
 
 
-def _wrap(angle: float) -> float:
-    return (angle + math.pi) % (2 * math.pi) - math.pi
-
-
 class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
     metadata = {"render_modes": ["rgb_array"], "render_fps": int(1 / DT)}
 
@@ -103,7 +115,7 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         image_size: int = 64,
         max_steps: int = 200,
         plan_len: int = 20,
-        history: int = 10,
+        history: int = 16,
         route_len: int = 20,
         route_spacing_m: float = 5.0,
         agents: int = 8,
@@ -131,10 +143,11 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self.n_agents, self.agent_range_m = int(agents), float(agent_range_m)
         self.reward_preset, self.expert_replay, self.render_mode = reward, bool(expert_replay), render_mode
         self.gains, self.idm = TrackerGains(), IDMParams()
-        state_dim = self.history * 4 + self.route_len * 2 + self.n_agents * len(AGENT_FIELDS)
+        layout = state_layout(self.history, self.route_len, self.n_agents)
+        state_dim = max(sl.stop for sl, _ in layout.values())
         obs: dict[str, spaces.Space[Any]] = {
-            "ego_history": spaces.Box(-np.inf, np.inf, (self.history, 4), np.float32),
-            "route": spaces.Box(-np.inf, np.inf, (self.route_len, 2), np.float32),
+            "ego_history": spaces.Box(-np.inf, np.inf, (self.history, len(HISTORY_FIELDS)), np.float32),
+            "route": spaces.Box(-np.inf, np.inf, (self.route_len, 3), np.float32),
             "agents": spaces.Box(-np.inf, np.inf, (self.n_agents, len(AGENT_FIELDS)), np.float32),
             "state": spaces.Box(-np.inf, np.inf, (state_dim,), np.float32),
         }
@@ -281,8 +294,8 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             plan = plan.reshape(self.plan_len, 2)
         if plan.shape != (self.plan_len, 2):
             raise ValueError(
-                f"action: a plan of shape ({2 * self.plan_len},) or ({self.plan_len}, 2) (ego-frame x, y every "
-                f"{DT} s), got shape {plan.shape}"
+                f"action: a plan of shape ({2 * self.plan_len},) or ({self.plan_len}, 2) (rig-frame x forward, "
+                f"y left, every {DT} s), got shape {plan.shape}"
             )
         if not np.issubdtype(plan.dtype, np.floating) and not np.issubdtype(plan.dtype, np.integer):
             raise ValueError(f"action: expected a numeric plan, got dtype {plan.dtype}")
@@ -303,13 +316,13 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         ego, road = self.ego, self.road
         origin, heading = np.asarray(ego.position, np.float64), float(ego.heading)
         past = np.stack(self._history)
-        history = np.zeros((self.history, 4), np.float32)
+        history = np.zeros((self.history, len(HISTORY_FIELDS)), np.float32)
         history[:, :2] = to_ego(past[:, :2], origin, heading)
-        history[:, 2] = [_wrap(h - heading) for h in past[:, 2]]
-        history[:, 3] = past[:, 3]
-        route = to_ego(
+        history[:, 2] = yaw_to_ego(past[:, 2], heading)
+        route = np.zeros((self.route_len, 3), np.float32)  # z = 0: a flat road
+        route[:, :2] = to_ego(
             route_points(road, ego.lane_index, origin, self.route_len, self.route_spacing_m), origin, heading
-        ).astype(np.float32)
+        )
         agents = np.zeros((self.n_agents, len(AGENT_FIELDS)), np.float32)
         others = [v for v in road.vehicles if v is not ego]
         dists = [float(np.linalg.norm(np.asarray(v.position) - origin)) for v in others]
@@ -318,12 +331,13 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
             agents[row, 0] = 1.0
             agents[row, 1:3] = to_ego(np.asarray(v.position), origin, heading)
             agents[row, 3:5] = vectors_to_ego(np.asarray(v.velocity), heading)
-            agents[row, 5] = _wrap(float(v.heading) - heading)
+            agents[row, 5] = yaw_to_ego(float(v.heading), heading)
+        speed = np.array([ego.speed], np.float32)
         obs = {
             "ego_history": history,
             "route": route,
             "agents": agents,
-            "state": np.concatenate([history.ravel(), route.ravel(), agents.ravel()]).astype(np.float32),
+            "state": np.concatenate([history.ravel(), speed, route[:, :2].ravel(), agents.ravel()]).astype(np.float32),
         }
         if self.obs_mode == "camera":
             obs["image"] = self._camera()

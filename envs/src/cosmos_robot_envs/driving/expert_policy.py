@@ -1,7 +1,7 @@
 """The driving expert as a servable policy: IDM and lane keeping from the observation alone.
 
 ``DrivingExpertPolicy`` reads only what a learned planner reads (``observation/state``: the ego's
-recent states, the lane centre ahead and the nearest agents, all in the ego frame) and answers one
+recent poses and speed, the lane centre ahead and the nearest agents, all in the rig frame) and answers one
 plan per request, ``actions`` of shape ``(1, 2K)``: serve it (``cosmos-robot serve --policy
 cosmos_robot_envs.driving:DrivingExpertPolicy``), evaluate it (``eval --suite driving
 --replan-steps 1``) or use it as a baseline. The leader is the nearest agent ahead whose lateral
@@ -38,15 +38,15 @@ def _lane_y(route: np.ndarray, x: float) -> float:
 
 
 def plan_from_state(
-    state: np.ndarray, *, history: int = 10, route_len: int = 20, agents: int = 8, plan_len: int = 20,
+    state: np.ndarray, *, history: int = 16, route_len: int = 20, agents: int = 8, plan_len: int = 20,
     params: IDMParams = _IDM,
 ) -> np.ndarray:  # fmt: skip
-    """(plan_len, 2) ego-frame waypoints from a flat ``state`` observation (``DrivingEnv``'s layout)."""
+    """(plan_len, 2) rig-frame waypoints from a flat ``state`` observation (``DrivingEnv``'s layout)."""
     layout = state_layout(history, route_len, agents)
     parts = {name: np.asarray(state[sl], np.float64).reshape(shape) for name, (sl, shape) in layout.items()}
-    speed = float(parts["ego_history"][-1, 3])
+    speed = float(parts["speed"][0])
     route = parts["route"]
-    offset = -_lane_y(route, 0.0)  # the ego's position relative to the lane centre (ego frame: +y right)
+    offset = -_lane_y(route, 0.0)  # the ego's lateral position relative to the lane centre
     gap, leader_speed = None, 0.0
     for present, x, y, vx, _vy, _h in parts["agents"]:
         if present > 0.5 and x > 0 and abs(y - _lane_y(route, x)) < _HALF_LANE_M:
@@ -70,7 +70,7 @@ class DrivingExpertPolicy(BasePolicy):
 
     cheap_inference = True
 
-    def __init__(self, history: int = 10, route_len: int = 20, agents: int = 8, plan_len: int = 20) -> None:
+    def __init__(self, history: int = 16, route_len: int = 20, agents: int = 8, plan_len: int = 20) -> None:
         self.history, self.route_len, self.agents, self.plan_len = history, route_len, agents, plan_len
         layout = state_layout(history, route_len, agents)
         self.state_dim = max(sl.stop for sl, _ in layout.values())

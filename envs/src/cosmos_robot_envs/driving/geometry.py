@@ -8,8 +8,11 @@ slip-angle relation inverted), a proportional speed loop on the plan's first-seg
 acceleration.
 
 Frames: highway-env's world has x along the road and y towards the right-hand lanes (screen
-coordinates); a heading of 0 points along +x. The ego frame puts the ego at the origin with x forward
-and y to its right, so world and ego axes agree for a car driving straight along the road.
+coordinates); a heading of 0 points along +x and grows clockwise on the screen. The ego frame is
+AlpaSim's rig frame: the ego at the origin, x forward, y to its LEFT, yaw counter-clockwise, so a point
+in the world is ``(c dx + s dy, s dx - c dy)`` from a vehicle at heading h (c, s = cos h, sin h), and a
+world heading h' is the ego-frame yaw ``-(h' - h)``. Plans, routes, histories and agents are all in it,
+which is what lets a policy trained on the suite drive AlpaSim through the driver unchanged.
 """
 
 from __future__ import annotations
@@ -20,14 +23,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TrackerGains", "route_points", "to_ego", "track_plan", "vectors_to_ego"]
+__all__ = ["TrackerGains", "route_points", "to_ego", "track_plan", "vectors_to_ego", "yaw_to_ego"]
 
 
 def to_ego(points: np.ndarray, origin: np.ndarray, heading: float) -> np.ndarray:
-    """World points (..., 2) in the frame of a vehicle at ``origin`` with ``heading``."""
+    """World points (..., 2) in the rig frame (x forward, y left) of a vehicle at ``origin`` with ``heading``."""
     c, s = math.cos(heading), math.sin(heading)
     d = np.asarray(points, np.float64) - np.asarray(origin, np.float64)
-    return np.stack([c * d[..., 0] + s * d[..., 1], -s * d[..., 0] + c * d[..., 1]], axis=-1)
+    return np.stack([c * d[..., 0] + s * d[..., 1], s * d[..., 0] - c * d[..., 1]], axis=-1)
+
+
+def yaw_to_ego(world_heading: float | np.ndarray, heading: float) -> float | np.ndarray:
+    """A world heading as a yaw in the rig frame of a vehicle at ``heading`` (counter-clockwise, wrapped)."""
+    return (-(np.asarray(world_heading, np.float64) - heading) + math.pi) % (2 * math.pi) - math.pi
 
 
 def vectors_to_ego(vectors: np.ndarray, heading: float) -> np.ndarray:
@@ -65,7 +73,7 @@ class TrackerGains:
 
 
 def track_plan(plan: np.ndarray, speed: float, dt: float, length: float, gains: TrackerGains) -> np.ndarray:
-    """Normalised [acceleration, steering] in [-1, 1] for highway-env from an ego-frame ``plan``
+    """Normalised [acceleration, steering] in [-1, 1] for highway-env from a rig-frame ``plan``
     (K, 2) whose point k is where the ego should be (k + 1) * dt from now."""
     plan = np.asarray(plan, np.float64)
     # speed: the plan's first segment (origin -> p0 -> p1), averaged over its first two steps
@@ -80,7 +88,7 @@ def track_plan(plan: np.ndarray, speed: float, dt: float, length: float, gains: 
     d2 = x * x + y * y
     if d2 < 1e-6 or x <= 0:  # a plan that stays put or points backwards: brake, wheel straight
         return np.array([-1.0 if speed > 0 else 0.0, 0.0], np.float32)
-    curvature = 2.0 * y / d2
+    curvature = -2.0 * y / d2  # towards +y (left) is a negative, anticlockwise-on-screen turn in highway-env
     # highway-env's bicycle: yaw rate = v sin(beta) / (L / 2), beta = atan(tan(steer) / 2)
     sin_beta = float(np.clip(curvature * length / 2.0, -1.0, 1.0))
     steer = math.atan(2.0 * math.tan(math.asin(sin_beta)))

@@ -38,8 +38,14 @@ TABLETOP_KEYS: dict[str, str] = {
     "prompt": "prompt",
 }
 
-# the driving suite: the flat ego-frame scene vector and the optional top-down camera
-DRIVING_KEYS: dict[str, str] = {"state": "observation/state", "image": "observation/image"}
+# the driving suite: the flat rig-frame scene vector (privileged: it holds the agents), AlpaSim's own
+# ego_history / route arrays and the optional top-down camera (what an AlpaSim driver hands a policy)
+DRIVING_KEYS: dict[str, str] = {
+    "state": "observation/state",
+    "ego_history": "observation/ego_history",
+    "route": "observation/route",
+    "image": "observation/image",
+}
 
 # LIBERO's env already flips its cameras upright and builds openpi's 8-D state
 LIBERO_KEYS: dict[str, str] = {k: v for k, v in TABLETOP_KEYS.items() if k != "object_state"}

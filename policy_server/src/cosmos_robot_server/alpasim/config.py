@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["ACTION_LAYOUTS", "AlpasimDriverConfig"]
 
-ACTION_LAYOUTS = ("auto", "xy", "xy_yaw")
+ACTION_LAYOUTS = ("auto", "xy", "xy_yaw", "flat_xy")
 
 
 @dataclass
@@ -27,7 +27,9 @@ class AlpasimDriverConfig:
     prompt: str | None = None  # sent as "prompt" with every observation when set
     pass_ground_truth: bool = False  # add observation/ground_truth (the recorded path: an oracle, off by default)
     # -- policy actions -> trajectory ---------------------------------------------------------------
-    action_layout: str = "auto"  # columns of actions: "xy", "xy_yaw", or "auto" (D=2 -> xy, D=3 -> xy_yaw)
+    # columns of actions: "xy", "xy_yaw", "flat_xy" (one row x0, y0, x1, ...), or "auto" (D=2 -> xy, D=3 ->
+    # xy_yaw, one row of even width > 3 -> flat_xy)
+    action_layout: str = "auto"
     action_dt_s: float = 0.1  # seconds between consecutive action rows (row k is at time_now + (k+1) * dt)
     include_current_pose: bool = True  # start the trajectory with the ego pose the plan is anchored to
     # -- service ----------------------------------------------------------------------------------

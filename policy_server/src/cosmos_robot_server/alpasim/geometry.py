@@ -71,8 +71,10 @@ def action_waypoints(actions: object, layout: str = "auto") -> np.ndarray:
 
     ``layout``: ``"xy"`` uses columns 0-1 and derives the heading from the direction of travel;
     ``"xy_yaw"`` uses columns 0-2 (yaw in radians, relative to the anchor's heading); ``"auto"`` picks
-    ``xy`` for D=2 and ``xy_yaw`` for D=3 and refuses other widths rather than guess. Extra columns are
-    ignored under an explicit layout. A leading batch axis of size 1 is dropped.
+    ``xy`` for D=2 and ``xy_yaw`` for D=3, reads ONE row of even width 2K > 3 as K flattened ``x, y``
+    waypoints (``"flat_xy"``: a planner whose single chunk row is the whole plan, as the driving suite's
+    are), and refuses other widths rather than guess. Extra columns are ignored under an explicit
+    layout. A leading batch axis of size 1 is dropped.
     """
     try:
         arr = np.asarray(actions)
@@ -85,10 +87,18 @@ def action_waypoints(actions: object, layout: str = "auto") -> np.ndarray:
     if not np.issubdtype(arr.dtype, np.number) or np.issubdtype(arr.dtype, np.complexfloating):
         raise PlanError(f"actions: expected real numbers, got dtype {arr.dtype}")
     width = arr.shape[1]
+    if layout == "auto" and arr.shape[0] == 1 and width > 3 and width % 2 == 0:
+        layout = "flat_xy"
+    if layout == "flat_xy":
+        if arr.shape[0] != 1 or width % 2:
+            raise PlanError(f"actions: layout 'flat_xy' needs one row of even width, got shape {tuple(arr.shape)}")
+        arr = arr.reshape(width // 2, 2)
+        layout, width = "xy", 2
     if layout == "auto":
         if width not in (2, 3):
             raise PlanError(
-                f"actions: shape {tuple(arr.shape)} is not an (H, 2) x,y or (H, 3) x,y,yaw plan; "
+                f"actions: shape {tuple(arr.shape)} is not an (H, 2) x,y or (H, 3) x,y,yaw plan, nor one "
+                "row of flattened x,y waypoints; "
                 "set action_layout='xy' or 'xy_yaw' to use the leading columns of wider actions"
             )
         layout = "xy" if width == 2 else "xy_yaw"
