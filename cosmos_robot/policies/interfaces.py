@@ -53,10 +53,14 @@ class Demonstrations:
     chunks: torch.Tensor  # (N, chunk_size, action_dim) float32, model space
     pad: torch.Tensor  # (N, chunk_size) bool, True past the episode's end
     prompts: list[str]  # (N,)
-    num_episodes: int
+    episode: torch.Tensor  # (N,) int64: the recording's episode index of each frame
 
     def __len__(self) -> int:
         return int(self.chunks.shape[0])
+
+    @property
+    def num_episodes(self) -> int:
+        return len(torch.unique(self.episode))
 
 
 class FlowSizes(Protocol):

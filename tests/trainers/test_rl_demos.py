@@ -15,7 +15,7 @@ from cosmos_robot_trainers.common import read_metrics
 from cosmos_robot_trainers.launch import load_train_recipe
 from cosmos_robot_trainers.rl import RLConfig, run_rl
 from cosmos_robot_trainers.rl.config import BCConfig, OptimConfig
-from cosmos_robot_trainers.rl.demos import DemoTerm, demo_flow_loss, sample_weights
+from cosmos_robot_trainers.rl.demos import DemoTerm, demo_flow_loss, load_demos, sample_weights
 from cosmos_robot_trainers.rl.learner import accumulated_step
 from cosmos_robot_trainers.sft import SFTConfig, run_sft
 from cosmos_robot_trainers.sft.data import load_train_data
@@ -54,6 +54,22 @@ def test_demonstrations_are_the_frames_sft_trained_on(sft_run: tuple[SFTConfig, 
     few = adapter.demonstrations(config.data.root, max_episodes_per_task=1)
     assert few.num_episodes == 4 and sorted(set(few.prompts)) == sorted(set(data.prompts))
     assert 0 < len(few) < len(demos)
+
+
+def test_bc_instructions_keep_only_those_tasks_demonstrations(sft_run: tuple[SFTConfig, Path]) -> None:
+    config, final = sft_run
+    adapter = FlowRLAdapter.from_checkpoint(str(final))
+    every = adapter.demonstrations(config.data.root)
+    hard = sorted(set(every.prompts))[:2]
+    cfg = BCConfig(data=str(config.data.root), coef=1.0, instructions=hard)
+    kept = load_demos(cfg, adapter)
+    assert kept is not None and sorted(set(kept.prompts)) == hard and kept.num_episodes == 4
+    rows = [i for i, p in enumerate(every.prompts) if p in hard]
+    assert torch.equal(kept.chunks, every.chunks[rows]) and torch.equal(
+        kept.inputs["state"], every.inputs["state"][rows]
+    )
+    with pytest.raises(ValueError, match=r"bc.instructions: \['fly to the moon'\] not in the recording; it holds"):
+        load_demos(BCConfig(data=str(config.data.root), coef=1.0, instructions=["fly to the moon"]), adapter)
 
 
 def test_the_demonstration_term_is_part_of_the_optimizer_step(sft_run: tuple[SFTConfig, Path]) -> None:

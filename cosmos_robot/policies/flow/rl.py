@@ -106,8 +106,7 @@ class FlowRLAdapter(RLAdapter):
         pad = demo.action_is_pad[idx].bool()
         chunks[pad] = 0.0
         inputs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in self.model_inputs(wire).items()}
-        episodes = len(torch.unique(demo.episode_index[idx]))
-        return Demonstrations(inputs=inputs, chunks=chunks, pad=pad, prompts=prompts, num_episodes=episodes)
+        return Demonstrations(inputs=inputs, chunks=chunks, pad=pad, prompts=prompts, episode=demo.episode_index[idx])
 
     def serving_noise(self, batch: int) -> torch.Tensor | None:
         return self.policy.serving_noise(batch)

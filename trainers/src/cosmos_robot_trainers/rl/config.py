@@ -294,6 +294,9 @@ class BCConfig(StrictModel):
     batch_size: int = Field(default=128, ge=1)  # demonstration frames per optimizer step
     max_episodes_per_task: int | None = Field(default=None, ge=1)  # the first N demonstrations per instruction
     task_weighting: Literal["balanced", "frames"] = "balanced"  # tasks drawn equally often, or frames uniformly
+    # only the demonstrations of these instructions (the dataset's task strings; None: all): anchor the
+    # tasks RL leaves without signal, not the ones it is improving
+    instructions: list[str] | None = None
 
     @model_validator(mode="after")
     def _used(self) -> BCConfig:

@@ -28,7 +28,7 @@ from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel
 from cosmos_robot_trainers.rl.rollout import index_inputs
 from cosmos_robot_trainers.sft.data import task_weights
 
-__all__ = ["DemoTerm", "demo_flow_loss", "load_demos", "sample_weights"]
+__all__ = ["DemoTerm", "demo_flow_loss", "load_demos", "only_instructions", "sample_weights"]
 
 
 def load_demos(cfg: BCConfig, policy: RLAdapter) -> Demonstrations | None:
@@ -38,7 +38,27 @@ def load_demos(cfg: BCConfig, policy: RLAdapter) -> Demonstrations | None:
     demos = policy.demonstrations(cfg.data, max_episodes_per_task=cfg.max_episodes_per_task)
     if len(demos) == 0:
         raise ValueError(f"bc.data: {cfg.data} holds no frames")
+    if cfg.instructions is not None:
+        demos = only_instructions(demos, cfg.instructions)
     return demos
+
+
+def only_instructions(demos: Demonstrations, instructions: list[str]) -> Demonstrations:
+    """The frames of ``instructions`` only; an instruction the recording does not hold is an error naming
+    the ones it does."""
+    have = sorted(set(demos.prompts))
+    missing = [i for i in instructions if i not in have]
+    if missing:
+        raise ValueError(f"bc.instructions: {missing} not in the recording; it holds {have}")
+    keep = torch.tensor([p in instructions for p in demos.prompts])
+    idx = torch.nonzero(keep).flatten()
+    return Demonstrations(
+        inputs=index_inputs(demos.inputs, idx, "cpu"),
+        chunks=demos.chunks[idx],
+        pad=demos.pad[idx],
+        prompts=[demos.prompts[i] for i in idx.tolist()],
+        episode=demos.episode[idx],
+    )
 
 
 def sample_weights(prompts: list[str], weighting: str) -> torch.Tensor:
