@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EpochBatchSampler"]
+__all__ = ["EpochBatchSampler", "task_weights"]
 
 
 class EpochBatchSampler:
@@ -82,3 +82,11 @@ class EpochBatchSampler:
                     "(the dataset or batch size changed since the checkpoint)"
                 )
         self.batches_drawn = int(state["batches_drawn"])
+
+
+def task_weights(prompts: list[str], weighting: str) -> np.ndarray | None:
+    """Per-sample weights for the sampler: None (uniform over frames) or equal mass per instruction."""
+    if weighting == "frames":
+        return None
+    _, inverse, counts = np.unique(np.asarray(prompts), return_inverse=True, return_counts=True)
+    return np.asarray(1.0 / counts[inverse], dtype=np.float64)

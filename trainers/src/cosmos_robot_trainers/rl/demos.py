@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from cosmos_robot.policies.interfaces import Demonstrations
+from cosmos_robot_trainers.common.sampler import task_weights
 from cosmos_robot_trainers.rl.config import BCConfig
 from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel
 from cosmos_robot_trainers.rl.rollout import index_inputs
-from cosmos_robot_trainers.sft.data import task_weights
 
 __all__ = ["DemoTerm", "demo_flow_loss", "load_demos", "only_instructions", "sample_weights"]
 

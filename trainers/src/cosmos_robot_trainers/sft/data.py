@@ -24,6 +24,7 @@ import torch
 from cosmos_robot.data.loader import first_episodes_per_task
 from cosmos_robot.normalize import FeatureStats
 from cosmos_robot.policies.flow import FlowConfig, encode_prompts
+from cosmos_robot_trainers.common.sampler import task_weights
 from cosmos_robot_trainers.sft.config import AugmentConfig, DataConfig
 
 __all__ = ["FrameSet", "TrainData", "augment_images", "ensure_dataset", "load_train_data", "task_weights"]
@@ -152,14 +153,6 @@ class TrainData(FrameSet):
         out["text_ids"] = ids[int(offsets[lo]) : end]
         out["text_offsets"] = offsets[lo:hi] - offsets[lo]
         return out
-
-
-def task_weights(prompts: list[str], weighting: str) -> np.ndarray | None:
-    """Per-sample weights for the sampler: None (uniform over frames) or equal mass per instruction."""
-    if weighting == "frames":
-        return None
-    _, inverse, counts = np.unique(np.asarray(prompts), return_inverse=True, return_counts=True)
-    return np.asarray(1.0 / counts[inverse], dtype=np.float64)
 
 
 def augment_images(images: torch.Tensor, cfg: AugmentConfig, generator: torch.Generator) -> torch.Tensor:
