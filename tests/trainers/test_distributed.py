@@ -303,6 +303,7 @@ def test_two_processes_train_the_single_process_curve_and_resume_at_one(recipe: 
         "debug_generator_nft",
     ],
 )
+@pytest.mark.timeout(600)  # four 2-process trainings in sequence on a 2-core machine (its subprocess limit is 600 s)
 def test_generator_trainers_train_the_single_process_curve_on_two_processes(recipe: str, tmp_path: Path) -> None:
     """The Cosmos3 generator trainers data parallel: every rank makes the whole batch's draws and computes
     its share (NFT: its share of the rollout's groups too, joined on every rank), weighted; rank 0 alone
