@@ -44,6 +44,41 @@ def test_gymnasium_check_env_passes() -> None:
     env.close()
 
 
+def _traffic(sim: Any) -> np.ndarray:
+    """Every road user's pose, speed, crash flag and lane, as one array (bitwise comparable)."""
+    road = sim.unwrapped.road
+    return np.array(
+        [[*v.position, v.heading, v.speed, float(v.crashed), float(v.lane_index[2])] for v in road.vehicles]
+    )
+
+
+@pytest.mark.parametrize("task", sorted(SCENARIOS))
+def test_fast_road_steps_the_traffic_bit_for_bit_like_highway_env(task: str) -> None:
+    """``FastRoad``'s numpy pre-filters change no outcome: with the same seed and the same wild actions
+    (the ego weaves and brakes, so neighbours re-plan, change lanes and crash), every vehicle's pose,
+    speed, crash flag and lane equal highway-env's own ``Road`` at every tick."""
+    from cosmos_robot_envs.driving.fast_road import FastRoad
+    from cosmos_robot_envs.driving.scenarios import make_scenario
+
+    crashed = 0
+    for seed in (1, 2):
+        sims = [make_scenario(task, 8.0, fast_road=fast) for fast in (False, True)]
+        for sim in sims:
+            sim.reset(seed=seed)
+        assert type(sims[0].unwrapped.road) is not FastRoad and type(sims[1].unwrapped.road) is FastRoad
+        rng = np.random.default_rng(seed)
+        for _ in range(60):
+            action = (rng.uniform(-1, 1, 2) * np.array([1.0, 0.05])).astype(np.float32)
+            for sim in sims:
+                sim.step(action)
+            slow, fast = (_traffic(sim) for sim in sims)
+            assert slow.shape == fast.shape and np.array_equal(slow, fast)
+        crashed += int(slow[:, 4].sum())
+        for sim in sims:
+            sim.close()
+    assert crashed > 0  # the collision path ran
+
+
 def test_registered_and_camera_mode_has_an_image() -> None:
     env = gym.make(ENV_ID, tasks=["highway"], obs_mode="camera", image_size=32, max_steps=5, expert_replay=False)
     obs, info = env.reset(seed=0)

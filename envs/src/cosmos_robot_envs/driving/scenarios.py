@@ -30,8 +30,10 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def make_scenario(name: str, duration_s: float) -> Any:
-    """A fresh highway-env environment of scenario ``name`` (rgb_array rendering available)."""
+def make_scenario(name: str, duration_s: float, *, fast_road: bool = True) -> Any:
+    """A fresh highway-env environment of scenario ``name`` (rgb_array rendering available). With
+    ``fast_road`` its traffic steps through ``FastRoad`` (fast_road.py: the same traffic, 2-3x fewer
+    Python operations per tick on 40 vehicles); without it, through highway-env's own ``Road``."""
     import highway_env.envs as envs
 
     cls_name, extra = SCENARIOS[name]
@@ -41,6 +43,10 @@ def make_scenario(name: str, duration_s: float) -> Any:
     cls = getattr(envs, cls_name)
     if cls_name == "MergeEnv":
         cls = _continuous_merge(cls)
+    if fast_road:
+        from cosmos_robot_envs.driving.fast_road import use_fast_road
+
+        cls = use_fast_road(cls)
     return cls(config=config, render_mode="rgb_array")
 
 
