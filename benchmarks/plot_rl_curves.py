@@ -57,7 +57,7 @@ def main() -> None:
         iters = max((r["step"] for r in rows if "train_success" in r), default=0)
         rate = steps / max(wall, 1e-9)
         ev = [y for _, y in evals]
-        pct = " | ".join(f"{100 * v:.1f}%" for v in (ev[0], max(ev), ev[-1]))
+        pct = " | ".join(f"{100 * v:.1f}%" for v in (ev[0], max(ev), ev[-1])) if ev else "- | - | -"  # no eval.every
         print(f"| {label} | {iters} | {steps:,} | {rate:.0f} | {pct} |")
     ax_eval.set_title("eval success (ODE, held-out layouts)")
     ax_train.set_title("training success (stochastic rollouts, 10-iteration mean)")
