@@ -52,7 +52,7 @@ def _traffic(sim: Any) -> np.ndarray:
     )
 
 
-@pytest.mark.parametrize("task", sorted(SCENARIOS))
+@pytest.mark.parametrize("task", ["highway", "highway_dense"])
 def test_fast_road_steps_the_traffic_bit_for_bit_like_highway_env(task: str) -> None:
     """``FastRoad``'s numpy pre-filters change no outcome: with the same seed and the same wild actions
     (the ego weaves and brakes, so neighbours re-plan, change lanes and crash), every vehicle's pose,
@@ -77,6 +77,7 @@ def test_fast_road_steps_the_traffic_bit_for_bit_like_highway_env(task: str) -> 
         for sim in sims:
             sim.close()
     assert crashed > 0  # the collision path ran
+    assert type(make_scenario("merge", 8.0).unwrapped.road) is not FastRoad  # ~10 vehicles: highway-env's own
 
 
 def test_registered_and_camera_mode_has_an_image() -> None:

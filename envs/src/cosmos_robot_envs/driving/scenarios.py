@@ -32,8 +32,9 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def make_scenario(name: str, duration_s: float, *, fast_road: bool = True) -> Any:
     """A fresh highway-env environment of scenario ``name`` (rgb_array rendering available). With
-    ``fast_road`` its traffic steps through ``FastRoad`` (fast_road.py: the same traffic, 2-3x fewer
-    Python operations per tick on 40 vehicles); without it, through highway-env's own ``Road``."""
+    ``fast_road`` the highway scenarios' traffic (30-40 vehicles) steps through ``FastRoad``
+    (fast_road.py: the same traffic, 1.7-1.9x the ticks/s); merge's ~10 vehicles, where the numpy
+    set-up costs more than it saves, and ``fast_road=False`` use highway-env's own ``Road``."""
     import highway_env.envs as envs
 
     cls_name, extra = SCENARIOS[name]
@@ -43,7 +44,7 @@ def make_scenario(name: str, duration_s: float, *, fast_road: bool = True) -> An
     cls = getattr(envs, cls_name)
     if cls_name == "MergeEnv":
         cls = _continuous_merge(cls)
-    if fast_road:
+    if fast_road and cls_name == "HighwayEnv":
         from cosmos_robot_envs.driving.fast_road import use_fast_road
 
         cls = use_fast_road(cls)
