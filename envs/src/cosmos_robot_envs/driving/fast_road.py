@@ -31,8 +31,6 @@ from highway_env.vehicle.objects import Landmark
 __all__ = ["FastRoad", "use_fast_road"]
 
 _TOL = 1e-6  # metres: far larger than any rounding difference of coordinates of a few km
-# below this many road users the numpy set-up costs more than the Python loops it saves (merge: ~10)
-_MIN_USERS = 16
 
 
 class FastRoad(Road):
@@ -42,8 +40,6 @@ class FastRoad(Road):
     _others: list[Any] | None = None
 
     def act(self) -> None:
-        if len(self.vehicles) + len(self.objects) < _MIN_USERS:
-            return super().act()
         others = [v for v in self.vehicles + self.objects if not isinstance(v, Landmark)]
         self._others, self._positions = others, _positions(others)
         try:
@@ -53,8 +49,7 @@ class FastRoad(Road):
 
     def neighbour_vehicles(self, vehicle: Any, lane_index: Any = None) -> tuple[Any, Any]:
         lane_index = lane_index or vehicle.lane_index
-        few = self._others is None and len(self.vehicles) + len(self.objects) < _MIN_USERS
-        if few or not lane_index or self.neighbour_vehicles_connected_lanes:
+        if not lane_index or self.neighbour_vehicles_connected_lanes:
             return super().neighbour_vehicles(vehicle, lane_index)
         lane = self.network.get_lane(lane_index)
         if type(lane) is not StraightLane:
@@ -97,8 +92,6 @@ class FastRoad(Road):
         return v_front, v_rear
 
     def step(self, dt: float) -> None:
-        if len(self.vehicles) < _MIN_USERS:
-            return super().step(dt)
         vehicles = self.vehicles
         for vehicle in vehicles:
             vehicle.step(dt)

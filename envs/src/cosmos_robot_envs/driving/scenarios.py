@@ -33,7 +33,7 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
 def make_scenario(name: str, duration_s: float, *, fast_road: bool = True) -> Any:
     """A fresh highway-env environment of scenario ``name`` (rgb_array rendering available). With
     ``fast_road`` the highway scenarios' traffic (30-40 vehicles) steps through ``FastRoad``
-    (fast_road.py: the same traffic, 1.7-1.9x the ticks/s); merge's ~10 vehicles, where the numpy
+    (fast_road.py: the same traffic, 1.5-1.8x the ticks/s); merge's ~10 vehicles, where the numpy
     set-up costs more than it saves, and ``fast_road=False`` use highway-env's own ``Road``."""
     import highway_env.envs as envs
 
