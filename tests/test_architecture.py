@@ -31,6 +31,7 @@ OPTIONAL_EXTRAS = {
     "cosmos_robot_server.alpasim.servicer": ("grpc", "google.protobuf"),
     "cosmos_robot_server.alpasim.server": ("grpc", "google.protobuf"),
     "cosmos_robot_server.alpasim.proto.": ("grpc", "google.protobuf"),
+    "cosmos_robot_envs.driving.fast_road": ("highway_env",),  # a subclass of highway-env's Road
 }
 
 
