@@ -29,12 +29,15 @@ from cosmos_robot.policies import load_policy_folder
 from cosmos_robot.policies.flow import FlowConfig, FlowModel, FlowPolicy
 from cosmos_robot_envs.driving import DrivingEnv
 from cosmos_robot_envs.driving.expert_policy import plan_from_state
+from cosmos_robot_envs.episodes import obs_row
 from cosmos_robot_trainers.algorithms import get as get_algorithm
 from cosmos_robot_trainers.common import read_metrics
 from cosmos_robot_trainers.launch import load_train_recipe
 from cosmos_robot_trainers.rl import RLConfig, run_rl
 from cosmos_robot_trainers.rl.advantage import dpo_pairs, group_advantages
 from cosmos_robot_trainers.rl.config import AlgoConfig
+from cosmos_robot_trainers.rl.policies import load_rl_adapter
+from cosmos_robot_trainers.rl.rollout import RolloutWorker
 from tests.trainers._rollouts import episode_fields
 from tests.trainers.test_rl import killed_after
 
@@ -187,6 +190,24 @@ def test_debug_grpo_driving_trains_with_a_healthy_ratio_and_resumes_exactly(tmp_
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     planner = load_policy_folder(full.final_dir)
     assert planner.input_spec.fields.keys() == {"observation/state"}  # servable as a prompt-free planner
+
+
+def test_driving_rollouts_execute_the_planners_plans_in_metres(tmp_path: Path) -> None:
+    """The sampled plan goes to the env as the planner made it, clipped only to the env's own plan box
+    (a fixed [-1, 1] clip, right for the tabletop, once cut every plan to 1 m: the rollouts crawled)."""
+    config = debug_config(tmp_path / "run")
+    adapter = load_rl_adapter(str(config.init), "cpu")
+    worker = RolloutWorker(config, adapter, num_envs=1)
+    try:
+        obs, _ = worker.venv.reset(seeds=[3], options=[{"task": "highway"}])
+        batch = worker._model_batch([obs_row(obs, 0)])
+        sample, _, chunk = worker._decide(batch, torch.Generator().manual_seed(0), None)
+    finally:
+        worker.close()
+    plan = adapter.env_actions(sample.actions)[:, : config.rollout.replan_steps]
+    assert chunk.shape == plan.shape == (1, 1, 40)
+    assert chunk[0, 0, 38] > 30  # the plan's last point, 2 s ahead at highway speed, in metres
+    np.testing.assert_array_equal(chunk, plan)  # inside the env's box: nothing clipped
 
 
 def test_debug_image_planner_records_trains_and_evaluates(tmp_path: Path) -> None:

@@ -248,6 +248,16 @@ def make_envs(
     )
 
 
+def action_bounds(space: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The env's own action bounds, what a sampled chunk is clipped to before it is executed (the
+    tabletop's and LIBERO's [-1, 1]; the driving suite's plan box in metres). A fixed [-1, 1] here once
+    clipped every driving plan to 1 m, so its GRPO rollouts braked to a crawl."""
+    low, high = getattr(space, "low", None), getattr(space, "high", None)
+    if low is None or high is None:
+        raise ValueError(f"RL rollouts need a Box action space with bounds; the env's is {space}")
+    return np.asarray(low, np.float32), np.asarray(high, np.float32)
+
+
 class _Recorder:
     """Accumulates decision rows and finished episodes; ``build`` stacks them into a ``Rollout``."""
 
@@ -315,6 +325,7 @@ class RolloutWorker:
         self.noise_level = config.rollout.noise_level or cfg.noise_level
         self.logprob_dims = config.logprob_dims(policy.action_dims)  # the learner recomputes the same slice
         self.start_noise = config.start_noise
+        self.action_low, self.action_high = action_bounds(self.venv.single_action_space)
 
     def set_weights(self, state: dict[str, Any]) -> None:
         """Load weights sent by the learner (tensors or numpy arrays by parameter name)."""
@@ -359,7 +370,8 @@ class RolloutWorker:
             dims=self.logprob_dims,
         )
         env_actions = self.policy.env_actions(sample.actions)
-        return sample, value.float().cpu(), np.clip(env_actions[:, : self.replan_steps], -1.0, 1.0)
+        chunk = np.clip(env_actions[:, : self.replan_steps], self.action_low, self.action_high)
+        return sample, value.float().cpu(), chunk
 
     @torch.no_grad()
     def _final_values(self, rows: Sequence[Mapping[str, Any]]) -> np.ndarray:
