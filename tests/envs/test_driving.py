@@ -103,6 +103,18 @@ def test_same_seed_same_plans_same_episode_bitwise_and_expert_matches_its_replay
     assert not np.array_equal(other[0]["agents"], obs_a[0]["agents"])  # another seed, another scene
 
 
+def test_progress_is_measured_against_the_experts_pace_when_the_expert_crashed() -> None:
+    """On a seed where the expert itself crashes at tick ~25 of 100, progress divides by the expert's
+    path extrapolated to the horizon (its pace), not by 2.5 s of driving: the expert's own progress at
+    its crash is its share of the horizon, so a planner that drives on safely is not scored at 3-4."""
+    env = DrivingEnv(tasks=["highway_dense"], max_steps=100)
+    _, infos = run(env, lambda e: e.expert_action(), seed=477904159, task="highway_dense")
+    ticks = len(infos) - 1
+    assert infos[-1]["collision"] and ticks < 40
+    assert infos[-1]["progress"] == pytest.approx(ticks / 100, rel=1e-3)  # along the lane vs along the path
+    env.close()
+
+
 def test_a_stopping_plan_loses_progress_and_drifts_from_the_ground_truth() -> None:
     env = DrivingEnv(max_steps=30)
     _, infos = run(env, lambda e: np.zeros((e.plan_len, 2), np.float32), seed=5)

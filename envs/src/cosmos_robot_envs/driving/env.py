@@ -159,7 +159,8 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         high = np.tile(np.array([200.0, 50.0], np.float32), self.plan_len)
         self.action_space = spaces.Box(low, high, dtype=np.float32)
         self._sims: dict[str, Any] = {}
-        self._replays: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        # (task, seed) -> the expert's positions and whether its episode ended in a crash or off the road
+        self._replays: OrderedDict[tuple[str, int], tuple[np.ndarray, bool]] = OrderedDict()
         self.task = names[0]
         self.seed_used = 0
         self._tick = 0
@@ -190,8 +191,9 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         """The scripted expert's plan for the current tick, flattened as an action (demonstrations)."""
         return expert_plan(self.road, self.ego, self.plan_len, DT, self.idm).reshape(-1)
 
-    def _replay(self, task: str, seed: int) -> np.ndarray:
-        """World positions of the ego, tick by tick, when the expert drives episode ``seed`` of ``task``."""
+    def _replay(self, task: str, seed: int) -> tuple[np.ndarray, bool]:
+        """World positions of the ego, tick by tick, when the expert drives episode ``seed`` of ``task``,
+        and whether that episode ended in a crash or off the road (not at the horizon or the road's end)."""
         key = (task, seed)
         if key in self._replays:
             self._replays.move_to_end(key)
@@ -199,21 +201,33 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         sim = make_scenario(task, duration_s=self.max_steps * DT)
         sim.reset(seed=seed)
         env = sim.unwrapped
-        positions = []
+        positions, failed = [], False
         for _ in range(self.max_steps):
             plan = expert_plan(env.road, env.vehicle, self.plan_len, DT, self.idm)
             _, _, terminated, truncated, _ = sim.step(
                 track_plan(plan, float(env.vehicle.speed), DT, env.vehicle.LENGTH, self.gains)
             )
             positions.append(np.array(env.vehicle.position, np.float64))
-            if env.vehicle.crashed or not env.vehicle.on_road or terminated or truncated:
+            failed = bool(env.vehicle.crashed or not env.vehicle.on_road)
+            if failed or terminated or truncated:
                 break
         sim.close()
-        replay = np.stack(positions)
-        self._replays[key] = replay
+        self._replays[key] = (np.stack(positions), failed)
         while len(self._replays) > _REPLAY_CACHE:
             self._replays.popitem(last=False)
-        return replay
+        return self._replays[key]
+
+    def _reference_distance(self, replay: np.ndarray, failed: bool) -> float:
+        """The distance ``progress`` divides by: the expert's path over its episode; when the expert
+        crashed or left the road, that path extrapolated to the horizon at its mean speed (a crash at
+        2.5 s would otherwise make 2.5 s of driving the whole route, and progress of 3-4 for a planner
+        that drives on safely)."""
+        if len(replay) < 2:
+            return self.idm.target_speed * self.max_steps * DT
+        path = self._path_length(replay)
+        if failed and len(replay) < self.max_steps:
+            path *= self.max_steps / len(replay)
+        return max(1.0, path)
 
     # -- gymnasium --------------------------------------------------------------------------
     def reset(
@@ -236,10 +250,11 @@ class DrivingEnv(gym.Env[dict[str, np.ndarray], np.ndarray]):
         self._history.clear()
         for _ in range(self.history):
             self._history.append(self._ego_state())
-        self._truth = self._replay(self.task, self.seed_used) if self.expert_replay else None
-        if self._truth is not None and len(self._truth) > 1:
-            self._reference_m = max(1.0, self._path_length(self._truth))
+        if self.expert_replay:
+            self._truth, expert_failed = self._replay(self.task, self.seed_used)
+            self._reference_m = self._reference_distance(self._truth, expert_failed)
         else:
+            self._truth = None
             self._reference_m = self.idm.target_speed * self.max_steps * DT
         return self._observe(), self._info(collision=False, offroad=False, dist=0.0, reward_terms={})
 
