@@ -141,6 +141,23 @@ def test_reward_provider_errors_name_the_problem() -> None:
         load_train_recipe("debug_grpo_driving", ["reward.provider=progress_safty"])
 
 
+def test_term_weights_reweight_a_presets_terms_and_name_bad_ones() -> None:
+    from cosmos_robot_trainers.algorithms.rewards import reward_provider
+
+    weighted = reward_provider("progress_safety", {"progress": 10.0, "dist_to_gt": 0.0})
+    for reward, info in step_infos("progress_safety"):
+        terms = info["reward_terms"]
+        assert terms["progress"] > 0
+        assert weighted(reward, info) == pytest.approx(10 * terms["progress"] + terms["collision"] + terms["offroad"])
+    assert reward_provider("progress_safety") is get_algorithm("reward", "progress_safety")
+    _, config = load_train_recipe("debug_grpo_driving", ["reward.term_weights={progress = 10.0}"])
+    assert config.reward.term_weights == {"progress": 10.0}  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match="not terms of 'progress_safety'; its terms are"):
+        load_train_recipe("debug_grpo_driving", ["reward.term_weights={speed = 2.0}"])
+    with pytest.raises(ConfigError, match="reward.provider 'env' has none"):
+        load_train_recipe("debug_grpo_driving", ["reward.provider='env'", "reward.term_weights={progress = 2.0}"])
+
+
 def test_groups_compare_returns_when_asked() -> None:
     from cosmos_robot_trainers.rl import Rollout
 

@@ -60,6 +60,10 @@ __all__ = [
 DT = 0.1  # seconds per tick: AlpaSim's planning interval and the control rate
 OBS_MODES = ("state", "camera")
 REWARD_PRESETS = ("progress_safety", "distance_to_gt")
+PRESET_TERMS = {  # the named terms of each preset (``reward_terms``), which a trainer may weight
+    "progress_safety": ("progress", "collision", "offroad", "dist_to_gt"),
+    "distance_to_gt": ("dist_to_gt",),
+}
 AGENT_FIELDS = ("present", "x", "y", "vx", "vy", "heading")
 HISTORY_FIELDS = ("x", "y", "yaw")  # AlpaSim's ego_history columns
 _REPLAY_CACHE = 128

@@ -14,12 +14,12 @@ env step; it raises ``KeyError`` naming the info field a suite does not report.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from cosmos_robot_trainers.algorithms.registry import register
+from cosmos_robot_trainers.algorithms.registry import get, register
 
-__all__ = ["env_reward", "preset_reward"]
+__all__ = ["env_reward", "preset_reward", "reward_provider"]
 
 
 @register("reward", "env")
@@ -28,8 +28,9 @@ def env_reward(reward: float, info: Mapping[str, Any]) -> float:
     return float(reward)
 
 
-def preset_reward(preset: str, info: Mapping[str, Any]) -> float:
-    """The sum of a driving preset's terms for one tick (``reward_terms``)."""
+def preset_reward(preset: str, info: Mapping[str, Any], weights: Mapping[str, float] | None = None) -> float:
+    """The sum of a driving preset's terms for one tick (``reward_terms``), each times its weight in
+    ``weights`` (1 for a term not named)."""
     from cosmos_robot_envs.driving.env import reward_terms
 
     missing = [k for k in ("progress_step", "collision", "offroad", "dist_to_gt", "max_steps") if k not in info]
@@ -38,7 +39,20 @@ def preset_reward(preset: str, info: Mapping[str, Any]) -> float:
             f"reward provider {preset!r} reads the driving suite's step info; this env's info lacks {missing} "
             "(use reward.provider = 'env' on other suites)"
         )
-    return float(sum(reward_terms(preset, info).values()))
+    terms = reward_terms(preset, info)
+    return float(sum((weights or {}).get(name, 1.0) * value for name, value in terms.items()))
+
+
+def reward_provider(
+    name: str, term_weights: Mapping[str, float] | None = None
+) -> Callable[[float, Mapping[str, Any]], float]:
+    """The registered provider ``name``; with ``term_weights`` (``reward.term_weights``), the driving
+    preset ``name`` with its named terms re-weighted (e.g. ``{"progress": 10}``: progress +10 per route
+    instead of +1, collision still -10). The config checked the names."""
+    if not term_weights:
+        return get("reward", name)
+    weights = dict(term_weights)
+    return lambda reward, info: preset_reward(name, info, weights)
 
 
 @register("reward", "progress_safety")

@@ -150,6 +150,8 @@ class RewardConfig(StrictModel):
     provider: str = "env"
     success_coef: float = Field(default=1.0, gt=0)  # scale of the provider's reward (env: the success step's)
     shaping_coef: float = Field(default=0.0, ge=0)  # c in c * (phi(s') - phi(s)), phi = info["dense_reward"]
+    # a driving preset's named terms re-weighted, e.g. {progress = 10.0} (unnamed terms keep weight 1)
+    term_weights: dict[str, float] = Field(default_factory=dict)
 
     @field_validator("provider")
     @classmethod
@@ -158,6 +160,25 @@ class RewardConfig(StrictModel):
 
         get("reward", value)  # UnknownAlgorithmError (a ValueError) lists the registered providers
         return value
+
+    @model_validator(mode="after")
+    def _weights_name_terms(self) -> RewardConfig:
+        if not self.term_weights:
+            return self
+        from cosmos_robot_envs.driving.env import PRESET_TERMS
+
+        terms = PRESET_TERMS.get(self.provider)
+        if terms is None:
+            raise ValueError(
+                f"reward.term_weights re-weights a driving preset's terms; reward.provider {self.provider!r} "
+                f"has none (use one of {list(PRESET_TERMS)})"
+            )
+        unknown = sorted(set(self.term_weights) - set(terms))
+        if unknown:
+            raise ValueError(
+                f"reward.term_weights: {unknown} are not terms of {self.provider!r}; its terms are {list(terms)}"
+            )
+        return self
 
 
 class AlgoConfig(StrictModel):

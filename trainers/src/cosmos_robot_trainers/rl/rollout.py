@@ -42,7 +42,7 @@ from cosmos_robot_envs.episodes import EpisodeHooks, EpisodeOutcome, EpisodeSche
 from cosmos_robot_envs.eval import get_suite
 from cosmos_robot_envs.eval.suites import LIBERO_INIT_STATES
 from cosmos_robot_envs.vector import BatchedEnv, EnvFactory, make_vector_env
-from cosmos_robot_trainers.algorithms import get as get_algorithm
+from cosmos_robot_trainers.algorithms.rewards import reward_provider
 from cosmos_robot_trainers.rl.config import RLConfig
 from cosmos_robot_trainers.rl.critic import CRITIC_OBS, critic_obs
 from cosmos_robot_trainers.rl.policies import RLAdapter as RLPolicy
@@ -421,7 +421,7 @@ class _RolloutHooks(EpisodeHooks[EpisodeSpec]):
     def __init__(self, worker: RolloutWorker, generator: torch.Generator, rec: _Recorder) -> None:
         self.worker, self.generator, self.rec = worker, generator, rec
         self.reward_cfg = worker.config.reward
-        self.provider = get_algorithm("reward", self.reward_cfg.provider)
+        self.provider = reward_provider(self.reward_cfg.provider, self.reward_cfg.term_weights)
         self.returns: dict[int, float] = {}  # episode position -> the provider's summed reward so far
         self.current: dict[int, tuple[_Decision, int]] = {}  # episode position -> (decision, row in it)
         self.potential: dict[int, float] = {}  # episode position -> info["dense_reward"] of its latest obs
