@@ -13,7 +13,7 @@
 #   scripts/device_pack.sh             # writes .devpack/a0*, .devpack/b0*, .devpack/job.sh, .devpack/demos
 # Then, on one warm machine (each call within 30 s of the last):
 #   call 1, carry [".devpack/a00"]: mkdir -p /tmp/parts && cp .devpack/a00 /tmp/parts/
-#   call 2, carry [".devpack/a01", ".devpack/job.sh"]: cp .devpack/a01 /tmp/parts/ && mkdir -p /tmp/wh &&
+#   call 2, carry [".devpack/a01", ".devpack/a02", ".devpack/job.sh"]: cp .devpack/a01 .devpack/a02 /tmp/parts/ && mkdir -p /tmp/wh &&
 #     cat /tmp/parts/a0* | tar x -C /tmp/wh && python3 -m pip install -q --no-index --no-deps --no-compile
 #     --target /tmp/gsite /tmp/wh/wheels/*.whl; rm -rf /tmp/work && cp -r . /tmp/work &&
 #     (setsid nohup bash /tmp/work/.devpack/job.sh > /tmp/job.out 2>&1 &)
