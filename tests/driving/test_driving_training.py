@@ -142,11 +142,13 @@ def test_reward_provider_errors_name_the_problem() -> None:
 
 
 def test_term_weights_reweight_a_presets_terms_and_name_bad_ones() -> None:
+    from cosmos_robot_envs.driving.env import PRESET_TERMS
     from cosmos_robot_trainers.algorithms.rewards import reward_provider
 
     weighted = reward_provider("progress_safety", {"progress": 10.0, "dist_to_gt": 0.0})
     for reward, info in step_infos("progress_safety"):
         terms = info["reward_terms"]
+        assert tuple(terms) == PRESET_TERMS["progress_safety"]  # the names the config checks are the real ones
         assert terms["progress"] > 0
         assert weighted(reward, info) == pytest.approx(10 * terms["progress"] + terms["collision"] + terms["offroad"])
     assert reward_provider("progress_safety") is get_algorithm("reward", "progress_safety")
@@ -225,6 +227,22 @@ def test_driving_rollouts_execute_the_planners_plans_in_metres(tmp_path: Path) -
     assert chunk.shape == plan.shape == (1, 1, 40)
     assert chunk[0, 0, 38] > 30  # the plan's last point, 2 s ahead at highway speed, in metres
     np.testing.assert_array_equal(chunk, plan)  # inside the env's box: nothing clipped
+
+
+def test_rollout_returns_use_the_configured_term_weights(tmp_path: Path) -> None:
+    """``reward.term_weights`` reaches the rollouts: the same episode (same seed, same sampling seed)
+    under progress weights 1 and 2 differs by exactly its progress, so the return is linear in it."""
+    from cosmos_robot_trainers.rl.rollout import episode_specs
+
+    returns = []
+    for weight in (1.0, 2.0):
+        config = debug_config(tmp_path / str(weight), f"reward.term_weights={{progress = {weight}}}")
+        worker = RolloutWorker(config, load_rl_adapter(str(config.init), "cpu"), num_envs=1)
+        try:
+            returns.append(float(worker.collect(episode_specs(config, 0)[:1], seed=0).ep_return[0]))
+        finally:
+            worker.close()
+    assert returns[1] - returns[0] > 0.01  # the episode's progress (15 ticks of a ~10 s route)
 
 
 def test_debug_image_planner_records_trains_and_evaluates(tmp_path: Path) -> None:
