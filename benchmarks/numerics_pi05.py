@@ -13,7 +13,8 @@ random, saved with its processors) is answered by
 - ``lerobot bf16``: the same weights after LeRobot's own ``to_bfloat16_for_selected_params`` (its
   ``dtype="bfloat16"``: bf16 with the vision tower, projector and norms kept in float32);
 - ``ours fp32``, ``ours bf16 mixed`` (``dtype=bfloat16``: LeRobot's split), ``ours bf16`` (``precision=bf16``:
-  everything in bf16, the fastest), each eager, and on CUDA also graphed and compiled as served.
+  everything in bf16, the fastest), each eager, and on CUDA also graphed and compiled as served; on a
+  Hopper GPU also ``precision=fp8`` (the VLM's and SigLIP's linear layers in FP8), graphed and compiled.
 
 Every path gets the same observations, LeRobot's preprocessing and the same initial noise. Prints one
 row per path (mean and max absolute difference to ``lerobot fp32``) and exits 1 when ``ours fp32`` is
@@ -75,6 +76,8 @@ def our_variants(folder: Path, device: str, compile: bool = True) -> dict[str, d
     if device.startswith("cuda"):
         served = {"dtype": "bfloat16", "precision": "bf16", "compile": compile, "attention": "math"}
         variants["ours bf16, graphed" + (" + compiled (served)" if compile else "")] = served
+        if torch.cuda.get_device_capability(device)[0] >= 9:  # row-wise FP8 GEMMs: Hopper and newer
+            variants["ours fp8 prefix, graphed" + (" + compiled" if compile else "")] = {**served, "precision": "fp8"}
     return variants
 
 

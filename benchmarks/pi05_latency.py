@@ -88,8 +88,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile", action="store_true", help="also time prefix/step split, SDPA backends, top kernels")
     ap.add_argument("--compile", action="store_true", help="torch.compile prefix and flow step under the graph")
     ap.add_argument(
-        "--precision", choices=["bf16", "mixed"], default="bf16",
-        help="bf16: every weight in bfloat16 (the measured numbers); mixed: LeRobot's float32 vision and norms",
+        "--precision", choices=["bf16", "mixed", "fp8"], default="bf16",
+        help="bf16: every weight in bfloat16 (the measured numbers); mixed: LeRobot's float32 vision and norms; "
+        "fp8: bf16 with the VLM's and SigLIP's linear layers in FP8 (Hopper GPUs)",
     )  # fmt: skip
     ap.add_argument(
         "--compile-mode", default=None, choices=["default", "max-autotune-no-cudagraphs"],
@@ -152,6 +153,8 @@ def build_native(args: argparse.Namespace, ref: Any, cfg: Any) -> Any:
         }
         native.load_state_dict(state, strict=True, assign=True)
         del state
+    if args.precision == "fp8":
+        native.to_fp8()
     native.set_attention(args.attention)
     return native
 

@@ -151,13 +151,17 @@ def _header(path: Path) -> dict[str, tuple[tuple[int, ...], str]]:
 _FP32_SELECTORS = ("vision_tower", "multi_modal_projector", "input_layernorm", "post_attention_layernorm", "model.norm")
 
 
+PRECISIONS = ("mixed", "bf16", "fp8")
+
+
 def param_dtype(name: str, dtype: torch.dtype, precision: str = "mixed") -> torch.dtype:
     """The dtype parameter ``name`` gets: ``dtype``, except float32 where LeRobot keeps it (``mixed``).
 
-    ``precision="bf16"`` casts everything (fastest on a GPU; not LeRobot's numerics)."""
-    if precision not in ("mixed", "bf16"):
-        raise ValueError(f"precision must be 'mixed' or 'bf16', got {precision!r}")
-    if dtype != torch.bfloat16 or precision == "bf16":
+    ``precision="bf16"`` casts everything (fastest on a GPU; not LeRobot's numerics); ``"fp8"`` loads
+    as ``"bf16"`` does, the policy then converts the prefix's linear layers (``Pi05Model.to_fp8``)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {precision!r}")
+    if dtype != torch.bfloat16 or precision != "mixed":
         return dtype
     if not name.startswith("paligemma_with_expert.") or any(sel in name for sel in _FP32_SELECTORS):
         return torch.float32

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cosmos_robot.policies.cuda_graphs import GraphCache, bucket_size, pad_rows
+from cosmos_robot.policies.fp8 import Fp8Linear, check_fp8_device, convert_linears, fp8_shaped
 
 __all__ = [
     "VARIANTS",
@@ -299,7 +300,7 @@ class _GemmaModel(nn.Module):
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        return self.blocks()[0].self_attn.q_proj.weight.dtype
+        return linear_dtype(self.blocks()[0].self_attn.q_proj)
 
 
 class _PaliGemmaInner(nn.Module):
@@ -338,6 +339,11 @@ def rope_tables(positions: Tensor, head_dim: int, theta: float, dtype: torch.dty
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
+
+
+def linear_dtype(layer: nn.Module) -> torch.dtype:
+    """The dtype a linear layer computes in: its weight's, or an FP8 layer's output dtype."""
+    return layer.out_dtype if isinstance(layer, Fp8Linear) else cast(nn.Linear, layer).weight.dtype
 
 
 def _apply_rope(x: Tensor, rope: tuple[Tensor, Tensor]) -> Tensor:
@@ -379,7 +385,8 @@ class PrefixCache:
     keys: list[Tensor]
     values: list[Tensor]
     pad_mask: Tensor  # (B, Lp) bool
-    hidden: Tensor  # (B, Lp, W) final-norm output of the VLM (the value head pools it)
+    hidden: Tensor | None  # (B, Lp, W) final-norm output of the VLM (the value head pools it); None when
+    # encoded for actions only (``encode_prefix(hidden=False)``)
     suffix_mask: Tensor  # (B, 1, group * chunk, Lp + chunk) additive: what the action tokens see
     suffix_rope: tuple[Tensor, Tensor]  # RoPE tables of the action tokens (the same at every flow step)
 
@@ -395,7 +402,7 @@ class PrefixCache:
             [rep(k) for k in self.keys],
             [rep(v) for v in self.values],
             rep(self.pad_mask),
-            rep(self.hidden),
+            None if self.hidden is None else rep(self.hidden),
             rep(self.suffix_mask),
             (rep(self.suffix_rope[0]), rep(self.suffix_rope[1])),
         )
@@ -446,6 +453,20 @@ class Pi05Model(nn.Module):
                 units += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, layer.mlp]
         return units
 
+    def to_fp8(self, check_device: bool = True) -> list[str]:
+        """Serve the prefix in FP8 (``precision="fp8"``, docs/pi05.md): every linear layer of the VLM
+        and of SigLIP and the projector becomes an :class:`~cosmos_robot.policies.fp8.Fp8Linear`
+        (e4m3, row-wise scales); at the released sizes that is all 289 of them, in a model whose
+        sizes are not multiples of 16 (tiny test models) only those that are. The action expert, the
+        embeddings and the norms keep their dtype.
+        The prefix is ~80% of a batch-8 chunk's time; the expert's GEMMs have 50 rows per
+        observation, too few for FP8 to pay. Needs the model on a Hopper GPU (``check_device=False``:
+        CPU tests, where the layers compute the same quantised product in float32); returns the
+        names converted."""
+        if check_device:
+            check_fp8_device(next(self.parameters()).device)
+        return convert_linears(self.paligemma_with_expert.paligemma, fp8_shaped)
+
     # --- prefix ----------------------------------------------------------------------------------
     def embed_images(self, images: Tensor) -> Tensor:
         """(B, 3, H, W) in [-1, 1] at the vision size -> (B, patches, VLM width)."""
@@ -490,10 +511,10 @@ class Pi05Model(nn.Module):
         cond: Tensor | None,
         mod: Tensor | None = None,
     ) -> Tensor:
-        out = layer.self_attn.o_proj(attn.to(layer.self_attn.o_proj.weight.dtype))
+        out = layer.self_attn.o_proj(attn.to(linear_dtype(layer.self_attn.o_proj)))
         h = h + (out if gate is None else out * gate)
         x, gate2 = layer.post_attention_layernorm(h, cond, mod)
-        out = layer.mlp(x.to(layer.mlp.up_proj.weight.dtype))
+        out = layer.mlp(x.to(linear_dtype(layer.mlp.up_proj)))
         return h + (out if gate2 is None else out * gate2)
 
     def set_attention(self, impl: str) -> None:
@@ -533,9 +554,19 @@ class Pi05Model(nn.Module):
         return out.reshape(b, h, n, d).transpose(1, 2).reshape(b, n, h * d)
 
     def encode_prefix(
-        self, images: list[Tensor], image_masks: list[Tensor], tokens: Tensor, token_mask: Tensor
+        self,
+        images: list[Tensor],
+        image_masks: list[Tensor],
+        tokens: Tensor,
+        token_mask: Tensor,
+        hidden: bool = True,
     ) -> PrefixCache:
-        """Run the VLM over the prefix once; keep every layer's keys/values for the flow steps."""
+        """Run the VLM over the prefix once; keep every layer's keys/values for the flow steps.
+
+        ``hidden=False`` (action generation): the action expert reads only the layers' keys and
+        values, so the last layer's query, attention, output projection and MLP, which feed nothing
+        but the pooled output a value head reads, are skipped (about 1/18 of the VLM's work; the
+        keys and values, and so the chunk, are the same)."""
         spec = self.arch.vlm
         dtype = self._vlm.compute_dtype
         h, pad = self.embed_prefix(images, image_masks, tokens, token_mask)
@@ -544,20 +575,28 @@ class Pi05Model(nn.Module):
         mask = _additive(make_attention_mask(pad, torch.zeros_like(pad)), dtype, group)
         rope = rope_tables(torch.cumsum(pad.long(), dim=1) - 1, spec.head_dim, spec.rope_theta, dtype)
         keys, values = [], []
-        for layer in self._vlm.blocks():
+        blocks = self._vlm.blocks()
+        for i, layer in enumerate(blocks):
+            if not hidden and i == len(blocks) - 1:
+                x, _ = layer.input_layernorm(h, None, None)
+                b, n, _ = x.shape
+                k = layer.self_attn.k_proj(x).view(b, n, spec.num_kv_heads, spec.head_dim).transpose(1, 2)
+                keys.append(_apply_rope(k, rope))
+                values.append(layer.self_attn.v_proj(x).view(b, n, spec.num_kv_heads, spec.head_dim).transpose(1, 2))
+                break
             q, k, v, gate = self._qkv(layer, h, spec, None)
             q, k = _apply_rope(q, rope), _apply_rope(k, rope)
             keys.append(k)
             values.append(v)
             h = self._finish(layer, h, self._attend(q, k, v, mask), gate, None)
-        hidden, _ = self._vlm.norm(h)
+        pooled = self._vlm.norm(h)[0] if hidden else None
         # the action tokens see the valid prefix and the whole chunk, at positions after the prefix
         b, n, lp = pad.shape[0], self.arch.chunk_size, pad.shape[1]
         seen = torch.cat([pad[:, None, :].expand(b, n, lp), pad.new_ones(b, n, n)], dim=2)
         positions = pad.long().sum(-1, keepdim=True) + torch.arange(n, device=pad.device)[None]
         ex = self.arch.expert
         suffix_rope = rope_tables(positions, ex.head_dim, ex.rope_theta, self._expert.compute_dtype)
-        return PrefixCache(keys, values, pad, hidden, _additive(seen, self._expert.compute_dtype, group), suffix_rope)
+        return PrefixCache(keys, values, pad, pooled, _additive(seen, self._expert.compute_dtype, group), suffix_rope)
 
     # --- suffix ----------------------------------------------------------------------------------
     def time_condition(self, t: Tensor) -> Tensor:
@@ -620,7 +659,8 @@ class Pi05Model(nn.Module):
         num_steps: int,
     ) -> Tensor:
         """Prefix encoding plus the K flow steps: one call, no host synchronisation (CUDA-graph safe)."""
-        return self.sample_actions(self.encode_prefix(images, image_masks, tokens, token_mask), noise, num_steps)
+        cache = self.encode_prefix(images, image_masks, tokens, token_mask, hidden=False)
+        return self.sample_actions(cache, noise, num_steps)
 
     def compile_steps(self, mode: str | None = None, backend: str = "inductor") -> None:
         """``torch.compile`` the prefix encoder and the flow step (static shapes; compiled on first call).

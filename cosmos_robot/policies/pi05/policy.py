@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from cosmos_robot.policies.cuda_graphs import GraphCache, GraphCaptureError
+from cosmos_robot.policies.fp8 import check_fp8_device
 from cosmos_robot.policies.lerobot_io import TASK_KEY, LeRobotIO, LeRobotIOPolicy, check_processor_states
 from cosmos_robot.policies.pi05.checkpoint import (
     CONFIG_FILE,
@@ -229,7 +230,9 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
     ) -> Pi05Policy:
         """Load a LeRobot pi05 folder (see ``checkpoint``). ``dtype`` defaults to the config's ``dtype``;
         in bfloat16, ``precision="mixed"`` keeps the vision path, the norms and the action projections
-        in float32 as LeRobot does (its numerics), ``"bf16"`` casts everything (fastest on a GPU).
+        in float32 as LeRobot does (its numerics), ``"bf16"`` casts everything (fastest on a GPU),
+        ``"fp8"`` is ``"bf16"`` with the VLM's and SigLIP's linear layers in FP8 (Hopper GPUs only;
+        an accuracy trade, measured in docs/pi05.md; ``Pi05Model.to_fp8``).
         ``cuda_graphs`` (default: on for CUDA devices) replays prefix + flow steps as one graph;
         ``compile`` adds ``torch.compile`` under it, or alone without graphs (``true``, or an
         Inductor mode name such as ``"max-autotune-no-cudagraphs"``). ``trim_prompt=N`` (needs
@@ -255,8 +258,14 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         weights_dtype = torch_dtype(dtype if dtype is not None else raw.get("dtype", "float32"))
         with torch.device("meta"):
             model = Pi05Model(arch)
+        if precision == "fp8":
+            if weights_dtype != torch.bfloat16:
+                raise ValueError(f"precision 'fp8' serves a bfloat16 model; got dtype {weights_dtype}")
+            check_fp8_device(device)  # before gigabytes of weights are read
         load_weights(model, root / WEIGHTS_FILE, weights_dtype, precision)
         model.to(device)
+        if precision == "fp8":
+            model.to_fp8()
         lr_config.device = str(torch.device(device))
         from lerobot.policies.factory import make_pre_post_processors
 
