@@ -56,8 +56,8 @@ step() { name=$1; t=$2; shift 2; echo "$(date +%T) start $name" >> $R/progress
 # numerics yardstick with the fp8 row, then the pinned-prompt sweep with fp8; once tar "b" is installed
 for _ in $(seq 120); do [ -f /tmp/wh/b_done ] && break; sleep 5; done
 L="python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot --skip-server --compile"
+step pi05_fp8 400 $L --precision fp8 --attention math --trim-prompt 112 --batches 8 --iters 50 --out $R/pi05_fp8.json
 step pi05_b8_bf16 300 $L --attention math --trim-prompt 112 --batches 8 --iters 50 --out $R/pi05_b8_bf16.json
-step pi05_fp8 400 $L --precision fp8 --attention math --trim-prompt 112 --batches 8 1 --iters 50 --out $R/pi05_fp8.json
 step numerics 600 python3 benchmarks/numerics_pi05.py --size full --device cuda --batch 4 --out $R/numerics.json
 step sweep_fp8 600 python3 benchmarks/serving_sweep.py --build pi05 --size released --device cuda -a precision=fp8 \
     -a compile=true -a attention=math -a trim_prompt=112 --prompt "pick up the black bowl and place it on the plate" \
