@@ -114,6 +114,8 @@ def start_server(
     ]  # fmt: skip
     for item in args.policy_arg:
         cmd += ["-a", item]
+    if args.no_paced_peers:
+        cmd.append("--no-paced-peers")
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     return subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
 
@@ -281,6 +283,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     ap.add_argument("--warmup", default="auto", help="serve --warmup")
     ap.add_argument(
+        "--no-paced-peers",
+        action="store_true",
+        help="serve --no-paced-peers: do not wait for clients due at their cadence",
+    )
+    ap.add_argument(
         "--prompt",
         default="pick up the black bowl between the plate and the ramekin and put it on the plate",
     )
@@ -328,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         "family": meta.get("type"),
         "device": args.device,
         "policy_args": args.policy_arg,
+        "paced_peers": not args.no_paced_peers,
         "pace_hz": args.pace_hz,
         "duration_s": args.duration,
         "build_s": build_s,

@@ -110,6 +110,7 @@ def command(
     max_batch: int = SERVER.option("max_batch_size", "--max-batch"),
     max_wait_ms: float = SERVER.option("max_wait_ms"),
     wait_call_fraction: float = SERVER.option("wait_call_fraction"),
+    paced_peers: bool = SERVER.option("paced_peers"),
     replicas: int = SERVER.option("replicas"),
     api_key: Optional[str] = SERVER.option(
         "api_key",

@@ -386,3 +386,39 @@ def test_window_follows_the_typical_call_not_one_slow_one_and_is_capped() -> Non
     for _ in range(15):
         b._record_call(1, 1_000.0)  # a 1 s policy: a quarter would be 250 ms
     assert b.window_s == 0.1
+
+
+def test_paced_peers_a_few_ms_apart_share_one_call_instead_of_queueing() -> None:
+    """Two robots at a fixed rate (every 100 ms), the second's request 5 ms after the first's, a 40 ms
+    call and a 10 ms window. Neither is *prompt* (each thinks ~55 ms after its reply), so without
+    ``paced_peers`` the first leaves alone and the second waits its whole call (~75 ms); expecting
+    each client at its own cadence, the first waits 5 ms and both share one call (~45 ms)."""
+
+    def run(paced: bool) -> tuple[list[int], list[float]]:
+        policy = ConstantBatchPolicy(4, 2, delay_ms=40)
+
+        async def go(b: DynamicBatcher) -> list[float]:
+            t0 = time.perf_counter() + 0.02
+            late: list[float] = []
+
+            async def robot(i: int) -> None:
+                for k in range(10):
+                    due = t0 + 0.1 * k + 0.005 * i
+                    await asyncio.sleep(max(0.0, due - time.perf_counter()))
+                    start = time.perf_counter()
+                    await b.submit(obs(), f"robot{i}")
+                    if k >= 3 and i == 1:  # once both periods are measured
+                        late.append(time.perf_counter() - start)
+
+            await asyncio.gather(robot(0), robot(1))
+            return late
+
+        late = asyncio.run(with_batcher(policy, go, max_wait_ms=10, wait_call_fraction=0.25, paced_peers=paced))
+        return policy.batch_sizes, late
+
+    paced_sizes, paced_late = run(True)
+    queued_sizes, queued_late = run(False)
+    assert paced_sizes[-6:] == [2] * 6, paced_sizes
+    assert max(paced_late) < 0.065, paced_late  # one shared call, not two in a row
+    assert queued_sizes.count(1) >= 12, queued_sizes
+    assert sorted(queued_late)[len(queued_late) // 2] > 0.065, queued_late

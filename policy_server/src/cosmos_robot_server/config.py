@@ -29,6 +29,7 @@ class ServerConfig:
     max_batch_size: int = 16  # most observations the policy sees in one batched call
     max_wait_ms: float = 10.0  # longest a request waits for prompt peers to join its batch
     wait_call_fraction: float = 0.25  # batch window: this share of a typical call if above max_wait (<=100 ms; 0: off)
+    paced_peers: bool = True  # also wait (within the window) for clients due at their own cadence (robots)
     replicas: int = 1  # policy copies serving at once (shared weights, own thread and CUDA stream); needs replica()
     api_key: str | None = None  # required on websocket/HTTP (Authorization: Api-Key) and ZMQ (api_token) when set
     max_message_bytes: int = 16 * 1024 * 1024  # larger requests are refused before decoding

@@ -234,6 +234,7 @@ class ServingCore:
             max_wait_ms=config.max_wait_ms,
             replicas=config.replicas,
             wait_call_fraction=config.wait_call_fraction,
+            paced_peers=config.paced_peers,
             metrics=self.metrics,
             limits=Limits(
                 max_inflight_per_client=config.max_inflight_per_client,
@@ -350,6 +351,7 @@ class ServingCore:
                 "policy_batched": supports_batch(self.policy),
                 "max_batch_size": self.config.max_batch_size,
                 "max_wait_ms": self.config.max_wait_ms,
+                "paced_peers": self.config.paced_peers,
             },
             "max_message_bytes": self.config.max_message_bytes,
             "limits": {
