@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     report["trim_prompt"] = args.trim_prompt
     report["attention"] = args.attention
     report["precision"] = args.precision
-    report["params_million"] = round(sum(p.numel() for p in native.parameters()) / 1e6, 1)
+    fp8 = sum(b.numel() for n, b in native.named_buffers() if n.endswith("weight_q"))  # FP8 weights are buffers
+    report["params_million"] = round((sum(p.numel() for p in native.parameters()) + fp8) / 1e6, 1)
 
     results: dict[str, dict[str, object]] = {}
     for b in args.batches:
@@ -184,9 +185,13 @@ def profile(native: object, inputs: object, noise: torch.Tensor, steps: int, dev
     m, x = native, inputs
     out: dict[str, object] = {}
     with torch.inference_mode():
-        cache = m.encode_prefix(x.images, x.image_masks, x.tokens, x.token_mask)  # type: ignore[attr-defined]
+        cache = m.encode_prefix(x.images, x.image_masks, x.tokens, x.token_mask, hidden=False)  # type: ignore[attr-defined]
         t = torch.full((noise.shape[0],), 0.5, device=dev)
-        out["prefix"] = measure(lambda: m.encode_prefix(x.images, x.image_masks, x.tokens, x.token_mask), 10, dev)  # type: ignore[attr-defined]
+        out["prefix"] = measure(
+            lambda: m.encode_prefix(x.images, x.image_masks, x.tokens, x.token_mask, hidden=False),  # type: ignore[attr-defined]
+            10,
+            dev,
+        )  # as generate encodes it
         out["one_step"] = measure(lambda: m.velocity(cache, noise, t), 10, dev)  # type: ignore[attr-defined]
         for name, backend in (
             ("math", SDPBackend.MATH),

@@ -18,6 +18,7 @@ from cosmos_robot.policies.fp8 import (
     fp8_reference_mm,
     quantize_rows,
 )
+from cosmos_robot.policies.pi05.checkpoint import save_weights
 from cosmos_robot.policies.pi05.policy import Pi05Policy
 from tests.policies._pi05_helpers import libero_obs, tiny_pi05
 
@@ -91,8 +92,13 @@ def test_fp8_linear_is_the_quantised_product_and_close_to_the_layer() -> None:
         Fp8Linear.from_linear(nn.Linear(64, 24))
 
 
-def test_fp8_prefix_converts_the_vlm_and_vision_linears_and_keeps_the_chunk_close(policy: Pi05Policy) -> None:
-    model = copy.deepcopy(policy.model)
+def test_fp8_prefix_converts_the_vlm_and_vision_linears_and_keeps_the_chunk_close(
+    policy: Pi05Policy, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="FP8 serving converts a bfloat16 model"):
+        copy.deepcopy(policy.model).to_fp8(check_device=False)  # the tiny policy is float32
+    bf16 = copy.deepcopy(policy.model).to(torch.bfloat16)
+    model = copy.deepcopy(bf16)
     names = model.to_fp8(check_device=False)  # the CPU computes the same quantised product in float32
     assert "language_model.layers.0.mlp.gate_proj" in " ".join(names)
     assert any("vision_tower" in n for n in names) and any("multi_modal_projector" in n for n in names)
@@ -103,9 +109,14 @@ def test_fp8_prefix_converts_the_vlm_and_vision_linears_and_keeps_the_chunk_clos
     noise = torch.randn(2, model.arch.chunk_size, model.arch.max_action_dim, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         ref = policy.model.generate(x.images, x.image_masks, x.tokens, x.token_mask, noise, 4)
-        got = model.generate(x.images, x.image_masks, x.tokens, x.token_mask, noise, 4)
+        cams = [im.to(torch.bfloat16) for im in x.images]
+        half = bf16.generate(cams, x.image_masks, x.tokens, x.token_mask, noise, 4)
+        got = model.generate(cams, x.image_masks, x.tokens, x.token_mask, noise, 4)
     err = float((got - ref).abs().mean() / ref.abs().mean())
     assert 0 < err < 0.1, err
+    assert not torch.equal(got, half)  # the conversion changed the arithmetic
+    with pytest.raises(ValueError, match="cannot save a pi05 model served in FP8"):
+        save_weights(model, tmp_path / "model.safetensors")
 
 
 def test_fp8_precision_needs_a_hopper_gpu_and_says_so(tmp_path: Path, policy: Pi05Policy) -> None:

@@ -422,3 +422,32 @@ def test_paced_peers_a_few_ms_apart_share_one_call_instead_of_queueing() -> None
     assert max(paced_late) < 0.065, paced_late  # one shared call, not two in a row
     assert queued_sizes.count(1) >= 12, queued_sizes
     assert sorted(queued_late)[len(queued_late) // 2] > 0.065, queued_late
+
+
+def test_a_paced_peer_is_expected_only_when_due_soon_and_never_by_a_cheap_policy() -> None:
+    """The rule itself, on a clock we set: a 10 Hz client with 40 ms calls (window 10 ms, half a call
+    20 ms) is waited for when due within both, not when due later, overdue or with the rule off;
+    two requests 1 ms apart are one tick of its cadence; a cheap (inline) policy never waits."""
+    b = DynamicBatcher(ConstantBatchPolicy(4, 2, delay_ms=1), max_wait_ms=10)
+    for _ in range(15):
+        b._record_call(1, 40.0)
+    t = 100.0
+    for k in range(4):
+        b._arrival("robot", t + 0.1 * k)  # due again at t + 0.4
+    assert b._missing_peers(t + 0.395, []) == 1  # due in 5 ms
+    assert b._missing_peers(t + 0.37, []) == 0  # due in 30 ms: later than the window
+    assert b._missing_peers(t + 0.415, []) == 0  # 15 ms overdue: off its cadence
+    b.paced_peers = False
+    assert b._missing_peers(t + 0.395, []) == 0
+    b.paced_peers = True
+    b._arrival("robot", t + 0.4)
+    b._arrival("robot", t + 0.401)  # a second request in the same tick
+    assert abs(b._clients["robot"].period_ema_s - 0.1) < 1e-9
+    assert b._missing_peers(t + 0.495, []) == 1
+    cheap = DynamicBatcher(ConstantBatchPolicy(4, 2), max_wait_ms=10)
+    assert cheap.inline
+    for _ in range(15):
+        cheap._record_call(1, 40.0)
+    for k in range(4):
+        cheap._arrival("robot", t + 0.1 * k)
+    assert cheap._missing_peers(t + 0.395, []) == 0

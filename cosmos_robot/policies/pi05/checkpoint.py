@@ -206,8 +206,14 @@ def save_weights(model: Pi05Model, path: Path) -> None:
     """Write LeRobot's layout: ``model.*`` keys plus the two LM heads its loader requires.
 
     PaliGemma's head is tied to the token embedding; the expert's is never used for actions and is
-    written as zeros so that LeRobot's strict loader accepts the file.
+    written as zeros so that LeRobot's strict loader accepts the file. An FP8-converted model
+    (``Pi05Model.to_fp8``, a serving conversion) is refused: its quantised layers have no LeRobot key.
     """
+    if model.fp8_layers():
+        raise ValueError(
+            f"cannot save a pi05 model served in FP8 ({len(model.fp8_layers())} converted layers): LeRobot's "
+            "format holds bf16/float32 weights; save the model loaded without precision='fp8'"
+        )
     sd = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     embed = model.state_dict()["paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"]
     sd["model.paligemma_with_expert.paligemma.lm_head.weight"] = embed.detach().cpu().clone()

@@ -341,6 +341,13 @@ def rope_tables(positions: Tensor, head_dim: int, theta: float, dtype: torch.dty
     return emb.cos().to(dtype)[:, None], emb.sin().to(dtype)[:, None]
 
 
+def _bf16_fp8_shaped(name: str, layer: nn.Linear) -> bool:
+    """FP8 conversion's selection: a bfloat16 layer whose sizes allow an FP8 GEMM (``fp8_shaped``)."""
+    if layer.weight.dtype != torch.bfloat16:
+        raise ValueError(f"FP8 serving converts a bfloat16 model; layer {name!r} is {layer.weight.dtype}")
+    return fp8_shaped(name, layer)
+
+
 def linear_dtype(layer: nn.Module) -> torch.dtype:
     """The dtype a linear layer computes in: its weight's, or an FP8 layer's output dtype."""
     return layer.out_dtype if isinstance(layer, Fp8Linear) else cast(nn.Linear, layer).weight.dtype
@@ -465,7 +472,11 @@ class Pi05Model(nn.Module):
         names converted."""
         if check_device:
             check_fp8_device(next(self.parameters()).device)
-        return convert_linears(self.paligemma_with_expert.paligemma, fp8_shaped)
+        return convert_linears(self.paligemma_with_expert.paligemma, _bf16_fp8_shaped)
+
+    def fp8_layers(self) -> list[str]:
+        """Names of the layers :meth:`to_fp8` converted (empty for a model as loaded)."""
+        return [name for name, mod in self.named_modules() if isinstance(mod, Fp8Linear)]
 
     # --- prefix ----------------------------------------------------------------------------------
     def embed_images(self, images: Tensor) -> Tensor:

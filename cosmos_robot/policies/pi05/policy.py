@@ -368,7 +368,8 @@ class Pi05Policy(Replicable, ShapeCounted, LeRobotIOPolicy, BatchPolicy):
         return one.expand(batch, -1, -1).to(self.device)
 
     def encode(self, inputs: Pi05Inputs) -> PrefixCache:
-        return self.model.encode_prefix(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask)
+        x = inputs
+        return self.model.encode_prefix(x.images, x.image_masks, x.tokens, x.token_mask, hidden=False)
 
     def denoise(self, cache: PrefixCache, noise: torch.Tensor) -> torch.Tensor:
         """Model-space chunks (B, chunk, max_action_dim) from the cached prefix; RL samplers override this."""

@@ -75,6 +75,8 @@ class Pi05RLModel(VLARLModel):
         arch = pi05.arch
         if not 1 <= action_dims <= arch.max_action_dim:
             raise ValueError(f"action_dims must be in [1, {arch.max_action_dim}], got {action_dims}")
+        if pi05.fp8_layers():
+            raise ValueError("pi05 RL needs a trainable model; this one was converted to FP8 (precision=fp8)")
         self.pi05 = pi05
         self.action_dims = action_dims
         self.freeze_vlm = freeze_vlm

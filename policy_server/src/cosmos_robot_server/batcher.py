@@ -111,7 +111,9 @@ class _ClientState:
     last_seen: float
     last_reply: float | None = None
     think_ema_s: float | None = None
-    period_ema_s: float | None = None  # arrival to arrival (a paced client's control period)
+    period_ema_s: float | None = None  # tick to tick (a paced client's control period)
+    tick: float | None = None  # when its current tick's first request came (a burst is one tick)
+    think_min_s: float | None = None  # the shortest think time seen (a closed loop never comes back sooner)
 
 
 class PolicyError(RuntimeError):
@@ -372,17 +374,20 @@ class DynamicBatcher:
     def _arrival(self, client_id: str, now: float) -> _ClientState:
         state = self._clients.get(client_id)
         if state is None:
-            state = self._clients[client_id] = _ClientState(last_seen=now)
+            state = self._clients[client_id] = _ClientState(last_seen=now, tick=now)
             return state
-        period = now - state.last_seen
         state.last_seen = now
-        if period < _ACTIVE_WINDOW_S:
-            ema = state.period_ema_s
-            state.period_ema_s = period if ema is None else (1 - _THINK_EMA) * ema + _THINK_EMA * period
+        period = now - (state.tick if state.tick is not None else now)
+        if period >= self.window_s:  # requests closer than the window (two per tick, pipelining) are one tick
+            state.tick = now
+            if period < _ACTIVE_WINDOW_S:
+                ema = state.period_ema_s
+                state.period_ema_s = period if ema is None else (1 - _THINK_EMA) * ema + _THINK_EMA * period
         if state.last_reply is not None:
             think = now - state.last_reply
             ema = state.think_ema_s
             state.think_ema_s = think if ema is None else (1 - _THINK_EMA) * ema + _THINK_EMA * think
+            state.think_min_s = think if state.think_min_s is None else min(state.think_min_s, think)
         return state
 
     # -- consumer --------------------------------------------------------------------------
@@ -393,8 +398,10 @@ class DynamicBatcher:
         recompilation is not typical) when longer, at most ``_WINDOW_CAP_S``."""
         if not self._recent_calls:
             return self.max_wait_s
-        typical = float(sorted(self._recent_calls)[len(self._recent_calls) // 2])
-        return max(self.max_wait_s, min(self.wait_call_fraction * typical, _WINDOW_CAP_S))
+        return max(self.max_wait_s, min(self.wait_call_fraction * self._typical_call_s(), _WINDOW_CAP_S))
+
+    def _typical_call_s(self) -> float:
+        return float(sorted(self._recent_calls)[len(self._recent_calls) // 2]) if self._recent_calls else 0.0
 
     def _missing_peers(self, now: float, batch: list[_Item], deadline: float | None = None) -> int:
         """Clients expected before the batch closes and not yet in it: *prompt* ones (back within the
@@ -413,12 +420,17 @@ class DynamicBatcher:
         window = self.window_s
         if st.think_ema_s is not None and st.think_ema_s <= window:
             return True
-        if not self.paced_peers or st.period_ema_s is None:
-            return False
-        due = st.last_seen + st.period_ema_s
-        # due before the batch closes; a request already overdue by more than the window is not on its
-        # cadence any more (a client that paused) and is not waited for
-        return now - window <= due <= until
+        if not self.paced_peers or self.inline or st.period_ema_s is None or st.tick is None or not self._recent_calls:
+            return False  # a cheap policy's next call costs nothing to wait for; an untimed one, unknown
+        if sum(not w.busy for w in self.workers) > 1:  # the batch's worker and another free one
+            return False  # the free replica will start the peer's request at once
+        due = st.tick + st.period_ema_s
+        if st.last_reply is not None and st.last_reply > st.tick and st.think_min_s is not None:
+            due = max(due, st.last_reply + st.think_min_s)  # a closed loop answered late comes back late
+        # waiting d ms for a peer pays while d is under half a call (both in one call instead of the
+        # peer waiting the whole call); a request overdue by more than the window is off its cadence
+        # (a client that paused) and is not waited for
+        return now - window <= due <= min(until, now + self._typical_call_s() / 2)
 
     def _pop(self) -> _Item | None:
         """The next live request, one client at a time in turn (round-robin over the client FIFOs),
