@@ -76,6 +76,10 @@ class Fp8Linear(nn.Module):
     input per row at every call; output in ``out_dtype`` (the layer's original dtype). Not
     trainable: a serving conversion (:func:`convert_linears`)."""
 
+    weight_q: Tensor
+    weight_scale: Tensor
+    bias: Tensor | None
+
     def __init__(self, weight_q: Tensor, weight_scale: Tensor, bias: Tensor | None, out_dtype: torch.dtype) -> None:
         super().__init__()
         n, k = weight_q.shape

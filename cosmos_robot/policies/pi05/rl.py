@@ -118,7 +118,10 @@ class Pi05RLModel(VLARLModel):
         return self.pi05.velocity(context.cache, x_t, tt.float()).float()
 
     def value(self, context: Pi05Context, detach: bool = False) -> Tensor:
-        pooled = masked_mean(context.cache.hidden, context.cache.pad_mask)
+        hidden = context.cache.hidden
+        if hidden is None:  # encode() keeps it; only generate()'s actions-only prefix drops it
+            raise ValueError("the value head needs the prefix's pooled output: encode with hidden=True")
+        pooled = masked_mean(hidden, context.cache.pad_mask)
         if detach:
             pooled = pooled.detach()
         return self.value_head(pooled.to(self.pi05.action_in_proj.weight.dtype)).squeeze(-1).float()
