@@ -121,3 +121,21 @@ def test_eval_replans_at_the_horizon_the_checkpoint_announces(tmp_path: Path) ->
     assert "replan_steps" not in FlowPolicy(scrambled_model(tiny_config()), tiny_stats(tiny_config())).metadata
     with pytest.raises(ValueError, match="replan_steps=7: a client cannot execute more actions than a chunk holds"):
         tiny_config(chunk_size=6, replan_steps=7)
+
+
+def test_the_committed_grpo_planner_drives_through_eval_ckpt(tmp_path: Path) -> None:
+    """``checkpoints/driving_planner_grpo`` (issue 20's GRPO planner) loads, is served and drives the suite
+    from ``eval --ckpt``, camera-free, with AlpaGym's metrics in the results."""
+    import pytest
+
+    pytest.importorskip("highway_env")
+    ckpt = Path(__file__).resolve().parents[2] / "checkpoints" / "driving_planner_grpo"
+    out = tmp_path / "grpo"
+    args = [
+        "eval", "--ckpt", str(ckpt), "--suite", "driving", "--tasks", "highway_dense", "--episodes-per-task", "2",
+        "--num-envs", "1", "--replan-steps", "1", "--max-steps", "10", "--video-episodes", "0", "--out", str(out),
+    ]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    totals = json.loads((out / "results.json").read_text())["totals"]
+    assert totals["episodes"] == 2 and "progress" in totals["metrics"]
