@@ -4,7 +4,7 @@
 #
 # Why: the device machine has no registry, a call carries at most 64 MiB (the ~37 MB working tree
 # included), the machine goes back 30 s after a call ends, and a session has 30 minutes of it. So
-# the wheels travel as two tars cut into 16 MB parts (the tree itself is ~46 MiB), one part per call, and the benchmarks run as one
+# the wheels travel as two tars cut into 12 MB parts (the tree itself is ~50 MiB), one part per call, and the benchmarks run as one
 # detached job that later calls poll. Tar "a" (LeRobot's set: diffusers, peft, transformers; ~31 MB)
 # is all the generator rows need, so the job starts after two calls; tar "b" (PyAV, MuJoCo) arrives
 # with the polling calls while the generator rows run, and the job waits for /tmp/wh/b_done before
@@ -34,7 +34,7 @@ rm -rf .devpack/wheels .devpack/wheels_b .devpack/p0* .devpack/a0* .devpack/b0*
 mkdir .devpack/wheels .devpack/wheels_b
 cp .whl_lerobot/*.whl .devpack/wheels/
 cp .whl_av/*.whl .whl_mj/*.whl .devpack/wheels_b/
-(cd .devpack && tar cf - wheels | split -b 16000000 -d - a && tar cf - wheels_b | split -b 16000000 -d - b &&
+(cd .devpack && tar cf - wheels | split -b 12000000 -d - a && tar cf - wheels_b | split -b 12000000 -d - b &&
     rm -rf wheels wheels_b)
 demos=.devpack/demos
 if [ ! -d "$demos" ]; then
