@@ -129,3 +129,30 @@ def test_fp8_precision_needs_a_hopper_gpu_and_says_so(tmp_path: Path, policy: Pi
         Pi05Policy.from_pretrained(folder, dtype="float32", precision="fp8")
     with pytest.raises(ValueError, match="precision must be one of"):
         Pi05Policy.from_pretrained(folder, dtype="bfloat16", precision="fp16")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9, reason="needs a Hopper GPU"
+)
+def test_the_fp8_kernel_computes_the_quantised_product_eager_compiled_and_graphed() -> None:
+    """On the GPU ``Fp8Linear`` runs ``torch._scaled_mm``: it must equal the float32 product of the same
+    quantised values (``fp8_reference_mm``) to bf16 rounding, eagerly, compiled and replayed as a graph."""
+    torch.manual_seed(0)
+    lin = nn.Linear(256, 512).to("cuda", torch.bfloat16)
+    fp8 = Fp8Linear.from_linear(lin)
+    x = torch.randn(2, 37, 256, device="cuda", dtype=torch.bfloat16)
+    x_q, x_s = quantize_rows(x.reshape(-1, 256))
+    want = (fp8_reference_mm(x_q, x_s, fp8.weight_q, fp8.weight_scale) + lin.bias.float()).reshape(2, 37, 512)
+    compiled = torch.compile(fp8, dynamic=False)
+    with torch.no_grad():
+        eager, comp = fp8(x), compiled(x)
+        static_x = x.clone()
+        compiled(static_x)  # warm up before capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = compiled(static_x)
+        graph.replay()
+    scale = want.abs().max()
+    for got in (eager, comp, static_out):
+        assert got.dtype == torch.bfloat16 and float((got.float() - want).abs().max() / scale) < 1e-2
