@@ -139,3 +139,16 @@ def test_the_committed_grpo_planner_drives_through_eval_ckpt(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     totals = json.loads((out / "results.json").read_text())["totals"]
     assert totals["episodes"] == 2 and "progress" in totals["metrics"]
+
+
+def test_fp8_precision_from_the_cli_names_what_it_needs(tmp_path: Path) -> None:
+    """``-a precision=fp8`` reaches pi05's loader from the command line; on this float32 checkpoint (and on a
+    machine without a Hopper GPU) the user gets the reason, not a traceback."""
+    ckpt = Path(__file__).resolve().parents[2] / "checkpoints" / "pi05_tiny"
+    base = ["eval", "--ckpt", str(ckpt), "--episodes-per-task", "1", "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, [*base, "-a", "precision=fp8"])
+    assert result.exit_code == 2, result.output
+    assert "precision 'fp8' serves a bfloat16 model" in result.output
+    result = runner.invoke(app, [*base, "-a", "precision=fp8", "-a", "dtype=bfloat16"])
+    assert result.exit_code == 2, result.output
+    assert "precision 'fp8' needs a CUDA GPU" in result.output
