@@ -52,16 +52,15 @@ R=/tmp/res; mkdir -p $R
 nvidia-smi > $R/smi.txt 2>&1
 step() { name=$1; t=$2; shift 2; echo "$(date +%T) start $name" >> $R/progress
     timeout "$t" "$@" > $R/$name.log 2>&1; rc=$?; echo "$(date +%T) end $name rc=$rc" >> $R/progress; }
-# 2026-12-06 (2): issue 19's pi0.5 batch-8 chunk: bf16 (with the actions-only prefix) against fp8, the
-# numerics yardstick with the fp8 row, then the pinned-prompt sweep with fp8; once tar "b" is installed
+# 2026-12-06 (3): issue 19's paced rows with paced peers on the GPU: GR00T 1-16 clients, then pi0.5
+# (fp8, pinned prompt) 1-8 clients, then the GPU-gated fp8 kernel test; once tar "b" is installed
 for _ in $(seq 120); do [ -f /tmp/wh/b_done ] && break; sleep 5; done
-L="python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot --skip-server --compile"
-step pi05_fp8 400 $L --precision fp8 --attention math --trim-prompt 112 --batches 8 --iters 50 --out $R/pi05_fp8.json
-step pi05_b8_bf16 300 $L --attention math --trim-prompt 112 --batches 8 --iters 50 --out $R/pi05_b8_bf16.json
-step numerics 600 python3 benchmarks/numerics_pi05.py --size full --device cuda --batch 4 --out $R/numerics.json
-step sweep_fp8 600 python3 benchmarks/serving_sweep.py --build pi05 --size released --device cuda -a precision=fp8 \
+step sweep_groot 600 python3 benchmarks/serving_sweep.py --build groot --size released --device cuda \
+    -a dtype=bfloat16 -a compile=true -a gpu_images=true --duration 5 --out $R/sweep_groot.json
+step sweep_pi05 900 python3 benchmarks/serving_sweep.py --build pi05 --size released --device cuda -a precision=fp8 \
     -a compile=true -a attention=math -a trim_prompt=112 --prompt "pick up the black bowl and place it on the plate" \
-    --max-batch 8 --clients 1 2 4 8 --duration 5 --out $R/sweep_fp8.json
+    --max-batch 8 --clients 1 2 4 8 --duration 5 --out $R/sweep_pi05.json
+step fp8_test 300 python3 -m pytest -q -p no:cacheprovider tests/policies/test_pi05_prefix_speed.py
 echo ALLDONE >> $R/progress
 JOB
 du -sh .devpack/*
