@@ -214,3 +214,24 @@ def test_outcomes_come_out_as_episodes_end() -> None:
         assert (first.position, first.steps) == (1, 2)  # the short episode, while the long one runs
         rest = list(stream)
     assert sorted(o.position for o in rest) == [0, 2]
+
+
+def test_affinity_keeps_a_group_on_one_env_and_changes_no_episode() -> None:
+    """Episodes with one key (a GRPO group: one seed) stay on the env that ran the key's last episode,
+    so an env's per-seed cache (the driving suite's expert replay) is filled once per group."""
+    specs = [EpisodeSpec(TASKS[0], 100, {"stop_at": n}) for n in (4, 6, 3, 5)]
+    specs += [EpisodeSpec(TASKS[1], 200, {"stop_at": n}) for n in (5, 2, 6, 4)]
+    rows: list[dict[int, int]] = []
+    results = []
+    for affinity in (None, lambda spec: (spec.task, spec.seed)):
+        hooks = ClosedLoop()
+        with make_vector_env(FaultyTabletop, 2, "sync") as venv:
+            scheduler = EpisodeScheduler[EpisodeSpec](venv, replan_steps=2, affinity=affinity)
+            done = scheduler.run(specs, hooks)
+        rows.append({e[1]: e[2] for e in hooks.events if e[0] == "started"})
+        finals = {o.position: tuple(hooks.final_state[o.position]) for o in done}
+        results.append(sorted((o.position, o.steps, o.episode_return, finals[o.position]) for o in done))
+    plain, grouped = rows
+    assert {plain[p] for p in range(4)} == {0, 1}  # in order, the first group spreads over both envs
+    assert {grouped[p] for p in range(4)} == {grouped[0]} and {grouped[p] for p in range(4, 8)} == {1 - grouped[0]}
+    assert results[0] == results[1]  # the same episodes, only run in another order

@@ -267,7 +267,7 @@ def test_group_advantages_filter_and_broadcast() -> None:
     assert torch.allclose(adv.advantages, expected_ep[r.episode])
     # group 1 (two successes) is filtered, group 0 kept
     assert adv.keep.tolist() == [True, True, True, True, False, False]
-    assert adv.stats == {"groups_kept": 1.0, "groups_total": 2.0}
+    assert adv.stats == {"groups_kept": 1.0, "groups_total": 2.0, "groups_mixed_success": 1.0}
 
 
 def test_shaped_group_score_ranks_failed_episodes_by_their_progress() -> None:
@@ -286,6 +286,7 @@ def test_shaped_group_score_ranks_failed_episodes_by_their_progress() -> None:
     expected = get_algorithm("advantage", "grpo")(scores, r.ep_group)
     assert torch.allclose(shaped.advantages, expected[r.episode])
     assert bool(shaped.keep.all()) and shaped.stats["groups_kept"] == 2.0
+    assert shaped.stats["groups_mixed_success"] == 1.0  # group 0 is kept by its shaped scores, but all failed
     ep0, ep1, ep2 = shaped.advantages[0], shaped.advantages[2], shaped.advantages[3]
     assert ep0 > ep1 > ep2  # the failure that got furthest leads its group
     pairs = dpo_pairs(r, AlgoConfig(group_size=3, group_score="shaped", dpo_pairs_per_group=8), torch.Generator())

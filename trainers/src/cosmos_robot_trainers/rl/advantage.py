@@ -105,7 +105,9 @@ def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
 
     The score is success or (AlpaGym) the episode's summed reward (``episode_scores``). Episodes whose
     worker crashed do not count; with ``filter_groups`` groups whose episodes all scored the same are
-    dropped (their advantages are all zero anyway, they only dilute).
+    dropped (their advantages are all zero anyway, they only dilute). ``groups_mixed_success`` counts the
+    groups with both successes and failures: where the scores are returns (driving), a group whose
+    episodes all crash still differs in progress, but only a mixed group says how to avoid the crash.
     """
     ok = ~rollout.ep_failed
     returns = episode_scores(rollout, algo)
@@ -117,7 +119,10 @@ def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
         ep_keep &= filter_groups(returns, groups)
     kept_groups = int(torch.unique(groups[ep_keep]).numel())
     all_groups = int(torch.unique(groups[ok]).numel())
+    success = rollout.ep_success[ok]
+    mixed = [g for g in torch.unique(groups[ok]) if success[groups[ok] == g].unique().numel() > 1]
     stats = {"groups_kept": float(kept_groups), "groups_total": float(all_groups)}
+    stats["groups_mixed_success"] = float(len(mixed))
     return Advantages(ep_adv[rollout.episode], None, ep_keep[rollout.episode], stats)
 
 

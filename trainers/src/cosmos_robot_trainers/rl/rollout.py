@@ -389,6 +389,7 @@ class RolloutWorker:
             replan_steps=self.replan_steps,
             align_starts=True,  # every decision covers all live envs: one forward pass each
             reset_options=lambda spec: reset_options(self.config, spec),
+            affinity=lambda spec: (spec.task, spec.seed),  # a group's episodes stay on one env (its caches)
         )
         scheduler.run(specs, hooks)
         wall = {"env": scheduler.timing["env"], "policy": scheduler.timing["decide"]}
