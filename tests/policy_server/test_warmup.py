@@ -93,3 +93,22 @@ def test_a_policy_without_an_example_cannot_be_warmed_up() -> None:
 def test_warmup_batches_are_checked_against_max_batch() -> None:
     with pytest.raises(ValueError, match=r"warmup_batches: \[32\] not batch sizes between 1 and max_batch_size=16"):
         ServerConfig(warmup_batches=(1, 32))
+
+
+def test_cold_batch_buckets_are_named() -> None:
+    """A warm-up that skips a power-of-two bucket the batcher can form is named (the server logs it)."""
+    assert ServerConfig(max_batch_size=16, warmup_batches=(16,)).cold_buckets() == [1, 2, 4, 8]
+    assert ServerConfig(max_batch_size=16, warmup_batches=(1, 2, 4, 8, 16)).cold_buckets() == []
+    assert ServerConfig(max_batch_size=6, warmup_batches=(1, 2, 3, 6)).cold_buckets() == []  # 3 -> 4, 6 -> 8
+    assert ServerConfig(max_batch_size=6, warmup_batches=(1, 2, 4)).cold_buckets() == [8]  # 5, 6 pad to 8
+    assert ServerConfig(max_batch_size=16).cold_buckets() == []  # no warm-up asked: nothing to warn about
+
+
+def test_a_cold_bucket_is_logged_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    policy = SlowToWarmPolicy(libero_input_spec())
+    policy.release.set()
+    config = ServerConfig(port=0, transports=("ws",), max_batch_size=4, warmup_batches=(4,))
+    with caplog.at_level("WARNING", logger="cosmos_robot_server.server"):
+        server = PolicyServer(policy, config).start_in_thread(timeout_s=30)
+        server.stop()
+    assert any("not the batch buckets [1, 2]" in r.getMessage() for r in caplog.records), caplog.text

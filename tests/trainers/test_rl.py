@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import tomllib
@@ -22,6 +23,7 @@ from cosmos_robot_trainers.rl.advantage import dpo_pairs, episode_layout, group_
 from cosmos_robot_trainers.rl.config import AlgoConfig
 from cosmos_robot_trainers.rl.learner import build_optimizer, update_policy_gradient
 from cosmos_robot_trainers.rl.rollout import TRAIN_SEED_BASE, RolloutWorker
+from cosmos_robot_trainers.rl.seed_replay import SeedReplay
 from tests.trainers._rollouts import episode_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,6 +112,8 @@ def test_debug_recipe_runs_resumes_exactly_and_exports(algo: str, tmp_path: Path
     # the split-half health check and the per-group pre-clip norms are logged
     assert any(-1.0 <= record.get("grad_cosine_split_half", 2.0) <= 1.0 for record in a)
     assert all("grad_norm_actor" in record for record in a if loss_key in record)
+    if algo == "grpo":  # the resumed iteration 2 reran iteration 1's split seed from the restored pool
+        assert [r["seed_replay_groups"] for r in b] == [0.0, 1.0]
     if algo in ("joint_ppo", "grpo"):
         for record in a:
             if "ratio_dev_first_mb" in record:  # GRPO skips an update whose groups were all filtered
@@ -289,6 +293,11 @@ def test_shaped_group_score_ranks_failed_episodes_by_their_progress() -> None:
     assert shaped.stats["groups_mixed_success"] == 1.0  # group 0 is kept by its shaped scores, but all failed
     ep0, ep1, ep2 = shaped.advantages[0], shaped.advantages[2], shaped.advantages[3]
     assert ep0 > ep1 > ep2  # the failure that got furthest leads its group
+    # DAPO's filter on success: the all-failed group 0 is dropped whatever its scores; group 1 keeps its
+    # shaped advantages
+    dapo = group_advantages(r, AlgoConfig(group_size=3, group_score="shaped", filter_on="success"))
+    assert dapo.keep.tolist() == [False] * 5 + [True] * 4 and dapo.stats["groups_kept"] == 1.0
+    assert torch.equal(dapo.advantages, shaped.advantages)
     pairs = dpo_pairs(r, AlgoConfig(group_size=3, group_score="shaped", dpo_pairs_per_group=8), torch.Generator())
     assert sorted(map(tuple, pairs.tolist())) == [(0, 1), (0, 2), (1, 2), (3, 4)]
     with pytest.raises(ValueError, match="group_score 'shaped'.*shaping_coef is 0"):
@@ -311,11 +320,47 @@ def test_episode_specs_groups_share_an_initial_state() -> None:
     assert episode_specs(config, 3) == specs  # a pure function (resume replays it)
 
 
+def test_seed_replay_reruns_the_seeds_whose_groups_split() -> None:
+    config = debug_config("grpo", Path("/x"), "rollout.episodes_per_iter=8", "algo.group_size=2")
+    replay = SeedReplay(0.5, capacity=2)
+    specs = episode_specs(config, 0)
+    assert replay.pick(4) == []  # nothing in doubt yet: every group a fresh seed
+    # group 0 split 1:1, group 1 all failed, group 2 split, but one of its episodes' worker crashed, group 3 all won
+    outcome = SimpleNamespace(
+        ep_group=torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]),
+        ep_success=torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0]),
+        ep_failed=torch.tensor([False, False, False, False, False, True, False, False]),
+    )
+    stats = replay.update(specs, outcome, 0, [])
+    assert stats == {"seed_replay_groups": 0.0, "seed_replay_mixed": 0.0, "seed_replay_pool": 1.0}
+    picked = replay.pick(4)
+    assert picked == [(specs[0].task, specs[0].seed)]  # only group 0 was in doubt
+    again = episode_specs(config, 1, picked)
+    fresh = episode_specs(config, 1)
+    assert [(s.task, s.seed) for s in again[:2]] == [picked[0]] * 2  # the first group reruns it
+    assert again[2:] == fresh[2:]  # the other groups keep their fresh seeds
+    # the rerun is settled now (both won): the seed leaves the pool; each of the fresh groups 1-3 split
+    outcome.ep_success = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    outcome.ep_failed = torch.zeros(8, dtype=torch.bool)
+    stats = replay.update(again, outcome, 1, picked)
+    assert stats == {"seed_replay_groups": 1.0, "seed_replay_mixed": 0.0, "seed_replay_pool": 2.0}  # capacity 2
+    assert picked[0] not in replay.pool and all(e.last_iter == 1 for e in replay.pool.values())
+    restored = SeedReplay(0.5, capacity=2)
+    restored.load_state_dict(json.loads(json.dumps(replay.state_dict())))  # survives a checkpoint
+    assert restored.pool == replay.pool and restored.pick(4) == replay.pick(4) and len(restored.pick(4)) == 2
+    with pytest.raises(ValueError, match="replayed seeds"):
+        episode_specs(config, 2, [picked[0]] * 5)
+
+
 def test_recipe_errors_name_the_field(tmp_path: Path) -> None:
     from cosmos_robot.config import ConfigError
 
     with pytest.raises(ConfigError, match="group_size"):
         debug_config("grpo", tmp_path, "algo.group_size=1")
+    with pytest.raises(ConfigError, match="filter_on = 'success'.*set filter_groups"):
+        debug_config("grpo", tmp_path, "algo.filter_on=success", "algo.filter_groups=false")
+    with pytest.raises(ConfigError, match=r"seed_replay .*algo.group_size >= 2"):
+        debug_config("joint_ppo", tmp_path, "rollout.seed_replay=0.5")
     with pytest.raises(ConfigError, match="episodes_per_iter"):
         debug_config("grpo", tmp_path, "rollout.episodes_per_iter=5")
     with pytest.raises(ConfigError, match="sample_mode"):

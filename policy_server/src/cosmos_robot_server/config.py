@@ -104,6 +104,23 @@ class ServerConfig:
         if self.api_key is not None and not self.api_key:
             raise ValueError("ServerConfig.api_key: empty string; pass None to disable authentication")
 
+    def cold_buckets(self) -> list[int]:
+        """The power-of-two batch buckets up to ``max_batch_size``'s that ``warmup_batches`` leaves cold.
+
+        The CUDA-graph families pad a batch to the next power of two (``cosmos_robot.policies.cuda_graphs
+        .bucket_size``), and the batcher forms batches of every size from 1 up when fewer clients wait.
+        A bucket the warm-up did not run compiles or captures at its first batch after ``/readyz``: with
+        ``--warmup 16`` alone, 16 clients of a compiled pi0.5 on an H100 met 4 compiles there and no
+        request was answered within 7 s (docs/benchmarks.md, issue 19)."""
+        if not self.warmup_batches:
+            return []
+
+        def bucket(n: int) -> int:
+            return 1 << (n - 1).bit_length()
+
+        need = {bucket(n) for n in range(1, self.max_batch_size + 1)}
+        return sorted(need - {bucket(n) for n in self.warmup_batches})
+
     def _check_admission(self) -> None:
         for name in (
             "max_inflight_per_client",

@@ -64,6 +64,16 @@ class PolicyServer:
         if self.config.warmup_batches:  # listening (/healthz answers) but not ready until warm
             seconds = await self.core.warm_up(self.config.warmup_batches)
             log.info("warm-up: %s", ", ".join(f"batch {n} in {s:.1f} s" for n, s in seconds.items()))
+            cold = self.config.cold_buckets()
+            if cold:
+                log.warning(
+                    "warm-up ran batch sizes %s but not the batch buckets %s that batches of up to %d requests pad "
+                    "to (CUDA-graph policies): the first batch in each compiles or captures after /readyz, "
+                    "stalling every request waiting meanwhile; --warmup auto warms them all",
+                    list(self.config.warmup_batches),
+                    cold,
+                    self.config.max_batch_size,
+                )
         self.core.mark_ready()
         log.info("serving on %s", ", ".join(f"{n}={self.config.host}:{p}" for n, p in self.ports.items()))
 

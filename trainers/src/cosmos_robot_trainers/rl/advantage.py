@@ -105,7 +105,8 @@ def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
 
     The score is success or (AlpaGym) the episode's summed reward (``episode_scores``). Episodes whose
     worker crashed do not count; with ``filter_groups`` groups whose episodes all scored the same are
-    dropped (their advantages are all zero anyway, they only dilute). ``groups_mixed_success`` counts the
+    dropped (their advantages are all zero anyway, they only dilute), or with ``filter_on = "success"``
+    those whose episodes all succeeded or all failed, whatever their returns. ``groups_mixed_success`` counts the
     groups with both successes and failures: where the scores are returns (driving), a group whose
     episodes all crash still differs in progress, but only a mixed group says how to avoid the crash.
     """
@@ -116,7 +117,7 @@ def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
     ep_adv = get_algorithm("advantage", algo.advantage)(returns, groups)
     ep_keep = ok.clone()
     if algo.filter_groups:
-        ep_keep &= filter_groups(returns, groups)
+        ep_keep &= filter_groups(rollout.ep_success if algo.filter_on == "success" else returns, groups)
     kept_groups = int(torch.unique(groups[ep_keep]).numel())
     all_groups = int(torch.unique(groups[ok]).numel())
     success = rollout.ep_success[ok]

@@ -116,6 +116,10 @@ class RolloutConfig(StrictModel):
     start_noise: Literal["auto", "serving", "episode", "fresh"] = "auto"
     num_flow_steps: int | None = Field(default=None, ge=1)  # denoising steps K (None: the checkpoint's)
     noise_level: float | None = Field(default=None, gt=0)  # Flow-SDE a in sigma_t = a sqrt(t/(1-t)) (None: ckpt)
+    # share of each iteration's groups that rerun seeds whose last group had mixed outcomes (seed_replay.py:
+    # only those groups' advantages say how to turn a failure into a success); 0: every group a fresh seed
+    seed_replay: float = Field(default=0.0, ge=0, lt=1)
+    seed_replay_pool: int = Field(default=64, ge=1)  # the most seeds the replay pool keeps
     num_workers: int = Field(default=1, ge=1)  # rollout workers; > 1 runs them as Ray actors (pip install ray)
     # Ray rollout workers' placement (num_workers > 1): each worker is one bundle of a placement group with
     # these resources (0 CPUs and 0 GPUs: no placement group, actors go where Ray puts them); a GPU share
@@ -221,6 +225,11 @@ class AlgoConfig(StrictModel):
     # initial state, so a group where every episode failed still ranks them by how far each one got)
     group_score: Literal["success", "return", "shaped"] = "success"
     filter_groups: bool = True  # grpo, nft: drop groups whose episodes all scored the same
+    # grpo, nft + filter_groups: what "all the same" compares: the group score ("score"), or success
+    # ("success": DAPO's filter on correctness; with group_score "return" a group whose episodes all
+    # crashed, or all arrived, is dropped even though their returns differ, so an iteration without a
+    # split group takes no optimizer step: Adam's normalised step would follow that noise at full size)
+    filter_on: Literal["score", "success"] = "score"
     nft_beta: float = Field(default=1.0, gt=0)  # nft: guidance strength beta of v+/v-
     nft_a_max: float = Field(default=5.0, gt=0)  # nft: advantage clip A_max of the optimality probability
     nft_old_decay: float = Field(default=0.0, ge=0, lt=1)  # nft: EMA decay of the "old" policy (0: = theta)
@@ -357,6 +366,13 @@ class RLConfig(StrictModel):
             extra = f"; did you mean {hint[0]!r}?" if hint else ""
             raise ValueError(f"trainer: unknown algorithm {self.trainer!r} (known: {', '.join(ALGORITHMS)}){extra}")
         needs = ALGORITHMS[self.trainer]
+        if self.algo.filter_on == "success" and not self.algo.filter_groups:
+            raise ValueError("algo.filter_on = 'success' chooses what algo.filter_groups compares; set filter_groups")
+        if self.rollout.seed_replay > 0 and g < 2:
+            raise ValueError(
+                "rollout.seed_replay reruns seeds whose group had both successes and failures; it needs "
+                f"algo.group_size >= 2 (got {g})"
+            )
         if g < needs.min_group_size:
             raise ValueError(
                 f"algo.group_size must be >= {needs.min_group_size} for {self.trainer} "

@@ -85,16 +85,22 @@ class EpisodeSpec:
     group: int
 
 
-def episode_specs(config: RLConfig, iteration: int) -> list[EpisodeSpec]:
-    """The iteration's episodes: ``episodes_per_iter / group_size`` groups, tasks round-robin."""
+def episode_specs(config: RLConfig, iteration: int, replay: Sequence[tuple[str, int]] = ()) -> list[EpisodeSpec]:
+    """The iteration's episodes: ``episodes_per_iter / group_size`` groups, tasks round-robin. The first
+    groups rerun the (task, seed) pairs of ``replay`` (``seed_replay.py``); the others get their fresh
+    seeds, the ones they would have had without replay."""
     g = config.algo.group_size
     n_groups = config.rollout.episodes_per_iter // g
+    if len(replay) > n_groups:
+        raise ValueError(f"{len(replay)} replayed seeds for {n_groups} groups")
     tasks = train_tasks(config)
     specs: list[EpisodeSpec] = []
     for group in range(n_groups):
         serial = iteration * n_groups + group
-        task = tasks[serial % len(tasks)]
-        seed = TRAIN_SEED_BASE * (1 + config.env.seed) + serial
+        if group < len(replay):
+            task, seed = replay[group]
+        else:
+            task, seed = tasks[serial % len(tasks)], TRAIN_SEED_BASE * (1 + config.env.seed) + serial
         specs.extend(EpisodeSpec(group * g + k, task, seed, group) for k in range(g))
     return specs
 

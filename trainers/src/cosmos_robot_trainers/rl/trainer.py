@@ -76,6 +76,7 @@ from cosmos_robot_trainers.rl.learner import RATIO_GATE, build_optimizer
 from cosmos_robot_trainers.rl.methods import UpdateInputs, get_method
 from cosmos_robot_trainers.rl.policies import RLAdapter, RLModel, frozen_copy, load_rl_adapter
 from cosmos_robot_trainers.rl.rollout import Rollout, episode_specs
+from cosmos_robot_trainers.rl.seed_replay import SeedReplay
 from cosmos_robot_trainers.rl.workers import LocalRollouts, Rollouts, check_learner_world, make_rollouts
 
 __all__ = ["RLResult", "RatioGateError", "run_rl"]
@@ -177,6 +178,7 @@ class _Run:
     world: World = field(default_factory=World)  # the data-parallel learner ranks
     demos: Demonstrations | None = None  # [bc]'s demonstrations in the model's space (rl/demos.py)
     sharded: bool = False  # train.fsdp: ``model`` is the sharded learner, ``policy.model`` the whole copy
+    seed_replay: SeedReplay | None = None  # rollout.seed_replay's pool of seeds in doubt (seed_replay.py)
 
     @property
     def out(self) -> Path:
@@ -264,8 +266,12 @@ def _setup(
         log("train.fsdp shards over data-parallel learner processes (--nproc N); this run keeps whole tensors")
     optimizer = build_optimizer(model, config)
     start, prior_wall = 0, 0.0
+    replay = (
+        SeedReplay(config.rollout.seed_replay, config.rollout.seed_replay_pool) if config.rollout.seed_replay else None
+    )
     if ckpt_path is not None:
-        start, prior_wall = _restore(ckpt_path, model, optimizer, old_model, policy.model if sharded else None)
+        whole = policy.model if sharded else None
+        start, prior_wall = _restore(ckpt_path, model, optimizer, old_model, whole, replay)
         log(f"resuming from {ckpt_path} (iteration {start})")
     mode = config.sample_mode
     k_steps = config.rollout.num_flow_steps or model.config.num_flow_steps
@@ -306,6 +312,7 @@ def _setup(
         world=world,
         demos=demos,
         sharded=sharded,
+        seed_replay=replay,
     )
 
 
@@ -400,9 +407,13 @@ def _iteration(run: _Run, it: int) -> dict[str, Any]:
     config = run.config
     phases = _Phases()
     t_iter = time.perf_counter()
-    specs = episode_specs(config, it)
+    n_groups = config.rollout.episodes_per_iter // config.algo.group_size
+    replayed = run.seed_replay.pick(n_groups) if run.seed_replay is not None else []
+    specs = episode_specs(config, it, replayed)
     rollout: Rollout = phases.run("rollout", _collect, run, specs, _seed(config, it, 0))
     metrics: dict[str, Any] = phases.run("reward", _reward_stats, rollout)
+    if run.seed_replay is not None:
+        metrics.update(run.seed_replay.update(specs, rollout, it, replayed))
     metrics.update(phases.run("old_logprob", _check_rollout, rollout))
     gen = torch.Generator().manual_seed(_seed(config, it, 1))
     adv, adv_stats = phases.run("advantage", _advantage, config, rollout, gen)
@@ -456,6 +467,7 @@ def _checkpoint(run: _Run, at: int) -> None:
             "old_model": run.old_model.state_dict() if run.old_model is not None else None,
             "rng": capture_rng_state(),
             "wall_s": wall,
+            "seed_replay": run.seed_replay.state_dict() if run.seed_replay is not None else None,
         }
         root, info = run.out / CHECKPOINTS, {"wall_s": round(wall, 1)}
         main = run.world.is_main
@@ -473,6 +485,7 @@ def _checkpoint(run: _Run, at: int) -> None:
         "old_model": run.old_model.state_dict() if run.old_model is not None else None,
         "rng": capture_rng_state(),
         "wall_s": wall,
+        "seed_replay": run.seed_replay.state_dict() if run.seed_replay is not None else None,
     }
     save_checkpoint(run.out / CHECKPOINTS, at, weights, state, {"wall_s": round(wall, 1)}, keep)
 
@@ -582,9 +595,10 @@ def _restore(
     optimizer: torch.optim.Optimizer,
     old_model: RLModel | None,
     whole: RLModel | None = None,
+    replay: SeedReplay | None = None,
 ) -> tuple[int, float]:
     """Load a checkpoint into the learner (``whole`` given: ``model`` is sharded and ``whole`` the
-    rollouts' copy, both loaded from the one-process form)."""
+    rollouts' copy, both loaded from the one-process form) and the seed-replay pool it saved."""
     ckpt = load_checkpoint(path)
     if ckpt.sharded is not None:  # each rank reads its shards, whatever the world size that wrote them
         load_sharded_into(ckpt.sharded, model, optimizer)
@@ -602,4 +616,6 @@ def _restore(
             raise ValueError(f"{path}: saved without NFT's old model")
         old_model.load_state_dict(ckpt.state["old_model"])
     restore_rng_state(ckpt.state["rng"])
+    if replay is not None:
+        replay.load_state_dict(ckpt.state.get("seed_replay") or [])
     return ckpt.step, float(ckpt.state.get("wall_s", 0.0))
