@@ -304,6 +304,73 @@ def test_shaped_group_score_ranks_failed_episodes_by_their_progress() -> None:
         debug_config("grpo", Path("/x"), "algo.group_score=shaped", "reward.shaping_coef=0")
 
 
+def test_reward_to_go_credit_puts_a_crash_on_the_decisions_before_it() -> None:
+    """``algo.credit = "reward_to_go"``: each decision is scored by its discounted rewards from then on and
+    compared with its group's other episodes at the same decision index. A crash at decision 3 of a
+    4-decision group-mate makes the decisions just before it the worst; the first decision, far from the
+    crash, is ranked by the progress that followed it. Broadcast credit gives every decision the same."""
+    progress, crash = 0.1, -20.0
+    r = _rollout(
+        [
+            [progress] * 4,  # ep 0: drives on
+            [progress, progress, progress, crash],  # ep 1: crashes at decision 3
+            [0.2, progress, progress, progress],  # ep 2: faster at first
+            [progress, progress],  # ep 3, group 1: alone at decision 1 (ep 4 ended)
+            [0.0],  # ep 4
+        ],
+        [[0.0] * 4, [0.0] * 4, [0.0] * 4, [0.0] * 2, [0.0]],
+        [1.0, 0.0, 1.0, 1.0, 0.0],
+        [0, 0, 0, 1, 1],
+    )
+    r.ep_return = torch.zeros(5).index_add_(0, r.episode, r.reward)  # the provider's return is the rewards' sum
+    gamma = 0.5
+    algo = AlgoConfig(
+        group_size=3, group_score="return", advantage="dr_grpo", credit="reward_to_go", credit_gamma=gamma
+    )
+    out = group_advantages(r, algo)
+    rtg = torch.tensor(
+        [
+            [
+                progress * (1 + gamma + gamma**2 + gamma**3),
+                progress * (1 + gamma + gamma**2),
+                progress * (1 + gamma),
+                progress,
+            ],
+            [
+                progress * (1 + gamma + gamma**2) + crash * gamma**3,
+                progress * (1 + gamma) + crash * gamma**2,
+                progress + crash * gamma,
+                crash,
+            ],
+            [
+                0.2 + progress * (gamma + gamma**2 + gamma**3),
+                progress * (1 + gamma + gamma**2),
+                progress * (1 + gamma),
+                progress,
+            ],
+        ]
+    )
+    expected = rtg - rtg.mean(dim=0, keepdim=True)  # Dr-GRPO at each decision index of group 0
+    assert torch.allclose(out.advantages[:12], expected.flatten(), atol=1e-6)
+    crashed = out.advantages[4:8]
+    assert crashed[3] < crashed[2] < crashed[1] < crashed[0] < 0  # the blame grows towards the crash
+    assert out.advantages[8] > out.advantages[0]  # decision 0: the faster start ranks first
+    assert out.advantages[13] == 0.0  # group 1's decision 1: nobody to compare with
+    assert out.advantages[12] == pytest.approx(float(torch.tensor(progress) * (1 + gamma) - 0.0) / 2)
+    assert bool(out.keep.all())
+    broadcast = group_advantages(r, algo.model_copy(update={"credit": "episode"}))
+    assert torch.equal(broadcast.advantages[4:8], broadcast.advantages[4].expand(4))
+    # gamma 1: the reward-to-go at decision 0 is the return, so decision 0 gets the episode's advantage
+    undiscounted = group_advantages(r, algo.model_copy(update={"credit_gamma": 1.0}))
+    assert torch.allclose(undiscounted.advantages[[0, 4, 8, 12, 14]], broadcast.advantages[[0, 4, 8, 12, 14]])
+    for bad in (
+        ["algo.credit=reward_to_go"],
+        ["algo.credit=reward_to_go", "algo.group_score=return", "algo.policy_loss=gspo"],
+    ):
+        with pytest.raises(ValueError, match="algo.credit 'reward_to_go'"):
+            debug_config("grpo", Path("/x"), *bad)  # the debug recipe scores by success
+
+
 def test_dpo_pairs_match_success_with_failure_in_the_same_group() -> None:
     r = _rollout([[0.0]] * 6, [[0.0]] * 6, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], [0, 0, 0, 1, 1, 1])
     pairs = dpo_pairs(r, AlgoConfig(group_size=3, dpo_pairs_per_group=8), torch.Generator().manual_seed(0))

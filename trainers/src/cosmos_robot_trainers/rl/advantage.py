@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from cosmos_robot_trainers.algorithms import get as get_algorithm
-from cosmos_robot_trainers.algorithms.advantages import filter_groups, normalize_advantages
+from cosmos_robot_trainers.algorithms.advantages import filter_groups, normalize_advantages, reward_to_go
 from cosmos_robot_trainers.rl.config import AlgoConfig
 from cosmos_robot_trainers.rl.rollout import Rollout
 
@@ -25,6 +25,7 @@ __all__ = [
     "group_advantages",
     "nft_advantages",
     "ppo_advantages",
+    "tick_advantages",
     "whiten",
 ]
 
@@ -115,6 +116,7 @@ def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
     groups = rollout.ep_group.clone()
     groups[~ok] = -1 - torch.arange(int((~ok).sum()))  # a crashed episode is its own (filtered) group
     ep_adv = get_algorithm("advantage", algo.advantage)(returns, groups)
+    adv = ep_adv[rollout.episode] if algo.credit == "episode" else tick_advantages(rollout, algo, groups)
     ep_keep = ok.clone()
     if algo.filter_groups:
         ep_keep &= filter_groups(rollout.ep_success if algo.filter_on == "success" else returns, groups)
@@ -124,7 +126,27 @@ def group_advantages(rollout: Rollout, algo: AlgoConfig) -> Advantages:
     mixed = [g for g in torch.unique(groups[ok]) if success[groups[ok] == g].unique().numel() > 1]
     stats = {"groups_kept": float(kept_groups), "groups_total": float(all_groups)}
     stats["groups_mixed_success"] = float(len(mixed))
-    return Advantages(ep_adv[rollout.episode], None, ep_keep[rollout.episode], stats)
+    return Advantages(adv, None, ep_keep[rollout.episode], stats)
+
+
+def tick_advantages(rollout: Rollout, algo: AlgoConfig, groups: torch.Tensor) -> torch.Tensor:
+    """(M,) ``algo.credit = "reward_to_go"``: each decision's discounted reward-to-go, group-normalised
+    (``algo.advantage``) among the episodes of its group (``groups``, per episode) at the same decision index.
+
+    Why: the members of a group replay one seed, so their decision t faces the same moment of the same
+    traffic, and the spread of their rewards-to-go says how much the choices from t on mattered. Broadcast
+    (AlpaGym's) credit gives a collision's penalty to every decision of the episode; on driving that taught
+    "drive slower everywhere" (docs/driving.md: pace fell to 0.94 of the expert's on seeds that never
+    crashed). With ``credit_gamma`` below 1 the penalty reaches back about 1 / (1 - gamma) decisions. A
+    decision index that only one episode of its group reached (the others ended) gets advantage 0.
+    """
+    index, valid = episode_layout(rollout)
+    to_go = reward_to_go(rollout.reward[index], valid, algo.credit_gamma)
+    t_max = index.shape[1]
+    tick_group = groups[:, None] * t_max + torch.arange(t_max)[None, :]  # unique per (group, index); groups may be < 0
+    out = torch.zeros(rollout.num_decisions)
+    out[index[valid]] = get_algorithm("advantage", algo.advantage)(to_go[valid], tick_group[valid])
+    return out
 
 
 def episode_weights(rollout: Rollout, keep: torch.Tensor) -> torch.Tensor:

@@ -230,6 +230,14 @@ class AlgoConfig(StrictModel):
     # crashed, or all arrived, is dropped even though their returns differ, so an iteration without a
     # split group takes no optimizer step: Adam's normalised step would follow that noise at full size)
     filter_on: Literal["score", "success"] = "score"
+    # grpo: which decisions an episode's outcome is credited to. "episode" (AlpaGym): the group advantage of
+    # the episode's score, the same on every decision. "reward_to_go": each decision's discounted MDP
+    # rewards from it on (credit_gamma per decision), compared with the group's other episodes at the same
+    # decision index (they share the seed, so the same moment of the same traffic): a collision's penalty
+    # lands on the decisions of the seconds before it, and the earlier ones are ranked by the progress
+    # that follows them (the per-tick form of group_score "return"; advantage.py)
+    credit: Literal["episode", "reward_to_go"] = "episode"
+    credit_gamma: float = Field(default=1.0, ge=0, le=1)  # grpo + credit reward_to_go: discount per decision
     nft_beta: float = Field(default=1.0, gt=0)  # nft: guidance strength beta of v+/v-
     nft_a_max: float = Field(default=5.0, gt=0)  # nft: advantage clip A_max of the optimality probability
     nft_old_decay: float = Field(default=0.0, ge=0, lt=1)  # nft: EMA decay of the "old" policy (0: = theta)
@@ -368,6 +376,14 @@ class RLConfig(StrictModel):
         needs = ALGORITHMS[self.trainer]
         if self.algo.filter_on == "success" and not self.algo.filter_groups:
             raise ValueError("algo.filter_on = 'success' chooses what algo.filter_groups compares; set filter_groups")
+        if self.algo.credit != "episode" and (
+            self.trainer != "grpo" or self.algo.policy_loss != "ppo" or self.algo.group_score == "success"
+        ):
+            raise ValueError(
+                f"algo.credit {self.algo.credit!r} ranks each decision by the rewards that follow it: it needs "
+                f"trainer 'grpo' (got {self.trainer!r}) with policy_loss 'ppo' (got {self.algo.policy_loss!r}; "
+                f"GSPO's ratio is per episode) and group_score 'return' or 'shaped' (got {self.algo.group_score!r})"
+            )
         if self.rollout.seed_replay > 0 and g < 2:
             raise ValueError(
                 "rollout.seed_replay reruns seeds whose group had both successes and failures; it needs "
