@@ -52,20 +52,18 @@ R=/tmp/res; mkdir -p $R
 nvidia-smi > $R/smi.txt 2>&1
 step() { name=$1; t=$2; shift 2; echo "$(date +%T) start $name" >> $R/progress
     timeout "$t" "$@" > $R/$name.log 2>&1; rc=$?; echo "$(date +%T) end $name rc=$rc" >> $R/progress; }
-# 2026-12-07 (5): issue 19's pi0.5 sweep from 1 to 16 clients with every batch bucket warm (--warmup auto:
-# 1, 2, 4, 8, 16). Job (4) warmed only the 16 bucket; under 16 clients the batcher also formed smaller
-# batches, each a new shape compiled after /readyz (4 compiles, 2 shape misses, 12.7 s of full garbage
-# collections), and no request finished inside the 7 s window. torch.compile of every bucket takes ~15 min
-# of device time, so this job serves FP8 on CUDA graphs alone (captures take seconds); on an H200 also
-# the GR00T sweep (the issue's card); once tar "b" is installed
+# 2026-12-07 (6): issue 19's rows on the H200 (the issue's card). Job (5) ran the pi0.5 sweep from 1 to 16
+# clients on an H100 (p99/p50 1.01-1.04, 0 compiles after /readyz); on anything but an H200 this job stops
+# at once, so a session that draws an H100 loses only the start. On an H200: GR00T compiled (ready in ~90 s),
+# then pi0.5 FP8 on CUDA graphs without torch.compile, every bucket warm (--warmup auto, 1-16 clients);
+# once tar "b" is installed
+if ! grep -q H200 $R/smi.txt; then echo "not an H200: nothing to do" >> $R/progress; echo ALLDONE >> $R/progress; exit 0; fi
 for _ in $(seq 120); do [ -f /tmp/wh/b_done ] && break; sleep 5; done
-step sweep_pi05_graphs 900 python3 benchmarks/serving_sweep.py --build pi05 --size released --device cuda \
+step sweep_groot 600 python3 benchmarks/serving_sweep.py --build groot --size released --device cuda \
+    -a dtype=bfloat16 -a compile=true -a gpu_images=true --duration 5 --out $R/sweep_groot.json
+step sweep_pi05_graphs 600 python3 benchmarks/serving_sweep.py --build pi05 --size released --device cuda \
     -a precision=fp8 -a trim_prompt=112 --prompt "pick up the black bowl and place it on the plate" \
     --max-batch 16 --duration 5 --out $R/sweep_pi05_graphs.json
-if grep -q H200 $R/smi.txt; then
-    step sweep_groot 600 python3 benchmarks/serving_sweep.py --build groot --size released --device cuda \
-        -a dtype=bfloat16 -a compile=true -a gpu_images=true --duration 5 --out $R/sweep_groot.json
-fi
 echo ALLDONE >> $R/progress
 JOB
 du -sh .devpack/*
