@@ -3,8 +3,8 @@
 Every function is a pure torch function (no trainer state) documented with its formula and the section of
 ``shared/research/rl_vla_anchors.md`` it follows. Importing this package registers them:
 
-- advantage: ``gae``, ``grpo``, ``dr_grpo``, ``nft_optimality`` (plus helpers ``filter_groups``,
-  ``normalize_advantages`` and ``reward_to_go``);
+- advantage: ``gae``, ``grpo``, ``dr_grpo``, ``nft_optimality`` (plus helpers ``filter_groups`` and
+  ``normalize_advantages``);
 - loss: ``ppo``, ``gspo``, ``value``, ``kl``, ``entropy``, ``nft``, ``flow_dpo``;
 - reward: ``env``, ``progress_safety``, ``distance_to_gt`` (per-step reward providers, ``rewards.py``).
 
@@ -19,7 +19,6 @@ from cosmos_robot_trainers.algorithms.advantages import (
     grpo,
     nft_optimality,
     normalize_advantages,
-    reward_to_go,
 )
 from cosmos_robot_trainers.algorithms.losses import (
     entropy_bonus,
@@ -51,6 +50,5 @@ __all__ = [
     "normalize_advantages",
     "ppo_policy_loss",
     "register",
-    "reward_to_go",
     "value_loss",
 ]

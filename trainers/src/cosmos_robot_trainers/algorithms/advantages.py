@@ -7,8 +7,6 @@ Sources are sections of ``shared/research/rl_vla_anchors.md`` (cited as "notes �
 - ``dr_grpo``: Dr. GRPO (Liu et al., "Understanding R1-Zero-Like Training", arXiv 2503.20783; NOT in the notes):
   the same group baseline without the std division. Its second change, a constant length normaliser, lives in
   the loss: ``ppo_policy_loss(..., loss_agg="seq_mean_token_sum_norm", norm_constant=L_max)``.
-- ``reward_to_go``: each decision's discounted sum of its own and later rewards (E, T), the score that
-  ``algo.credit = "reward_to_go"`` compares across a group's members at the same decision index.
 - ``filter_groups``: RLinf ``filter_rewards`` / DAPO dynamic sampling (notes §1.4, checklist item 9).
 - ``normalize_advantages``: masked batch whitening (notes §1.4, "advantages normalized over the batch (masked)").
 - ``nft_optimality``: DiffusionNFT's reward -> optimality probability r in [0, 1] (notes §3.2).
@@ -120,18 +118,6 @@ def dr_grpo(returns: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     number of chunk steps): use ``ppo_policy_loss(..., loss_agg="seq_mean_token_sum_norm", norm_constant=L)``.
     """
     return grpo(returns, group_ids, normalize_std=False)
-
-
-def reward_to_go(rewards: torch.Tensor, valid: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
-    """(E, T) discounted rewards-to-go ``G_t = r_t + gamma G_{t+1}`` of episodes laid out as rows; entries
-    where ``valid`` is False (after an episode's end) are 0 and contribute nothing."""
-    r = torch.where(valid, rewards.float(), torch.zeros((), dtype=torch.float32))
-    out = torch.zeros_like(r)
-    running = torch.zeros(r.shape[0], dtype=r.dtype)
-    for t in range(r.shape[1] - 1, -1, -1):
-        running = r[:, t] + gamma * running
-        out[:, t] = running
-    return torch.where(valid, out, torch.zeros((), dtype=out.dtype))
 
 
 def filter_groups(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from cosmos_robot_trainers.algorithms import get as get_algorithm
-from cosmos_robot_trainers.algorithms.advantages import filter_groups, normalize_advantages, reward_to_go
+from cosmos_robot_trainers.algorithms.advantages import filter_groups, normalize_advantages
 from cosmos_robot_trainers.rl.config import AlgoConfig
 from cosmos_robot_trainers.rl.rollout import Rollout
 
@@ -135,13 +135,19 @@ def tick_advantages(rollout: Rollout, algo: AlgoConfig, groups: torch.Tensor) ->
 
     Why: the members of a group replay one seed, so their decision t faces the same moment of the same
     traffic, and the spread of their rewards-to-go says how much the choices from t on mattered. Broadcast
-    (AlpaGym's) credit gives a collision's penalty to every decision of the episode; on driving that taught
-    "drive slower everywhere" (docs/driving.md: pace fell to 0.94 of the expert's on seeds that never
-    crashed). With ``credit_gamma`` below 1 the penalty reaches back about 1 / (1 - gamma) decisions. A
-    decision index that only one episode of its group reached (the others ended) gets advantage 0.
+    (AlpaGym's) credit gives a collision's penalty to every decision of the episode. The hypothesis was that
+    this made every crash-removing driving run slower on seeds it never crashed on; measured, it did not
+    help (docs/driving.md, run U: slower still), so it is an option, not the default. With ``credit_gamma``
+    below 1 the penalty reaches back about 1 / (1 - gamma) decisions. A decision index that only one episode
+    of its group reached (the others ended) gets advantage 0. The rewards-to-go are GAE's returns with zero
+    values and lambda 1.
     """
     index, valid = episode_layout(rollout)
-    to_go = reward_to_go(rollout.reward[index], valid, algo.credit_gamma)
+    rewards = torch.where(valid, rollout.reward[index], torch.zeros(()))
+    zeros = torch.zeros_like(rewards)
+    _, to_go = get_algorithm("advantage", "gae")(
+        rewards, zeros, zeros, torch.zeros(index.shape[0]), gamma=algo.credit_gamma, lam=1.0, mask=valid
+    )
     t_max = index.shape[1]
     tick_group = groups[:, None] * t_max + torch.arange(t_max)[None, :]  # unique per (group, index); groups may be < 0
     out = torch.zeros(rollout.num_decisions)

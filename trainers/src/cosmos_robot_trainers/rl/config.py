@@ -235,7 +235,8 @@ class AlgoConfig(StrictModel):
     # rewards from it on (credit_gamma per decision), compared with the group's other episodes at the same
     # decision index (they share the seed, so the same moment of the same traffic): a collision's penalty
     # lands on the decisions of the seconds before it, and the earlier ones are ranked by the progress
-    # that follows them (the per-tick form of group_score "return"; advantage.py)
+    # that follows them (the per-tick form of group_score "return"; advantage.py; on driving it did not keep
+    # the pace it was meant to: docs/driving.md, run U)
     credit: Literal["episode", "reward_to_go"] = "episode"
     credit_gamma: float = Field(default=1.0, ge=0, le=1)  # grpo + credit reward_to_go: discount per decision
     nft_beta: float = Field(default=1.0, gt=0)  # nft: guidance strength beta of v+/v-
