@@ -97,11 +97,11 @@ test-py310: .venv-py310/.installed
 # make test: every test but the "extended" variants (another family through a multi-process mechanism a
 # default test already runs), so a clean clone passes in under 35 minutes on 2 cores; make test-all: all
 test: setup lint typecheck
-	$(PY) -m pytest -q -m "not extended" --durations=15
+	$(PY) -m pytest -q -m "not extended" --durations=40
 	$(MAKE) --no-print-directory test-py310
 
 test-all: setup lint typecheck
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q --durations=40
 	$(MAKE) --no-print-directory test-py310
 
 test-fast: $(VENV)/.installed

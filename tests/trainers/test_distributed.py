@@ -372,7 +372,8 @@ def _without_ema(tmp_path: Path) -> str:
     "recipe",
     [
         "debug",
-        "debug_text_sft",
+        # text FSDP's crossing both ways runs in make test as the bf16 test below (float32 masters)
+        pytest.param("debug_text_sft", marks=pytest.mark.extended),
         pytest.param("debug_sft_pi05", marks=pytest.mark.extended),
         pytest.param("debug_sft_groot", marks=pytest.mark.extended),
     ],
@@ -457,6 +458,7 @@ def test_fsdp_in_bf16_keeps_float32_masters_and_crosses_with_the_one_process_bf1
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test keeps the RL form (flow policy, sharded files, resume, consolidated export) below
 def test_sharded_checkpoints_resume_at_another_world_size_and_export_consolidated(tmp_path: Path) -> None:
     """``train.checkpoint_format = "sharded"``: each of 2 FSDP processes writes its own shards
     (torch.distributed.checkpoint); one process resumes from them, and ``cosmos-robot export`` joins them
