@@ -55,7 +55,8 @@ step() { name=$1; t=$2; shift 2; echo "$(date +%T) start $name" >> $R/progress
 # 2026-12-07 (6): issue 19's rows on the H200 (the issue's card). Job (5) ran the pi0.5 sweep from 1 to 16
 # clients on an H100 (p99/p50 1.01-1.04, 0 compiles after /readyz); on anything but an H200 this job stops
 # at once, so a session that draws an H100 loses only the start. On an H200: GR00T compiled (ready in ~90 s),
-# then pi0.5 FP8 on CUDA graphs without torch.compile, every bucket warm (--warmup auto, 1-16 clients);
+# then pi0.5 FP8 on CUDA graphs without torch.compile, every bucket warm (--warmup auto, 1-16 clients),
+# then the compiled batch-8 chunk;
 # once tar "b" is installed
 if ! grep -q H200 $R/smi.txt; then echo "not an H200: nothing to do" >> $R/progress; echo ALLDONE >> $R/progress; exit 0; fi
 for _ in $(seq 120); do [ -f /tmp/wh/b_done ] && break; sleep 5; done
@@ -64,6 +65,10 @@ step sweep_groot 600 python3 benchmarks/serving_sweep.py --build groot --size re
 step sweep_pi05_graphs 600 python3 benchmarks/serving_sweep.py --build pi05 --size released --device cuda \
     -a precision=fp8 -a trim_prompt=112 --prompt "pick up the black bowl and place it on the plate" \
     --max-batch 16 --duration 5 --out $R/sweep_pi05_graphs.json
+# the batch-8 chunk on the H200 (compiled + graphed, FP8 prefix; 56.2 ms on an H100 in session 33)
+step chunk_pi05_fp8 420 python3 benchmarks/pi05_latency.py --device cuda --dtype bfloat16 --skip-lerobot \
+    --skip-server --compile --attention math --trim-prompt 112 --batches 8 --iters 50 --precision fp8 \
+    --out $R/chunk_pi05_fp8.json
 echo ALLDONE >> $R/progress
 JOB
 du -sh .devpack/*
