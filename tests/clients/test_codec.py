@@ -78,6 +78,30 @@ def test_string_keyed_openpi_variant_decodes() -> None:
     assert unpackb(raw)["s"] == np.int32(7)
 
 
+def test_an_array_map_with_both_key_kinds_is_read_by_str_keys_as_before() -> None:
+    """openpi's four bytes keys take a fast path; a map that also carries str duplicates does not, so
+    a stranger cannot slip a refused dtype past the check by doubling the keys."""
+    ints = np.array([0, 1], dtype="<i4")
+    mixed = {b"__ndarray__": True, b"dtype": "<f4", b"shape": [2], b"data": np.zeros(2, "<f4").tobytes()}
+    raw = msgpack.packb({"a": {**mixed, "dtype": "<i4", "shape": [2], "data": ints.tobytes()}}, use_bin_type=True)
+    out = unpackb(raw)["a"]
+    assert out.dtype == np.int32 and out.tolist() == [0, 1]
+    raw = msgpack.packb({"a": {**mixed, "dtype": "|O", "shape": [2], "data": b"\0" * 16}}, use_bin_type=True)
+    with pytest.raises(CodecError, match="not allowed on the wire"):
+        unpackb(raw)
+
+
+def test_dtype_strings_are_parsed_once_and_only_numeric_canonical_ones_are_kept() -> None:
+    from cosmos_robot_client import codec
+
+    for text in ("<f4", b"|u1", "f4", "<U3", "|S2"):
+        arr = np.zeros(2, dtype=np.dtype(text if isinstance(text, str) else text.decode()))
+        raw = msgpack.packb({"__ndarray__": True, "data": arr.tobytes(), "dtype": text, "shape": [2]})
+        assert unpackb(raw).dtype == arr.dtype
+    assert {"<f4", b"|u1"} <= set(codec._DTYPES)
+    assert not {"f4", "<U3", "|S2"} & set(codec._DTYPES)  # a spelling, not canonical; strings: not numeric
+
+
 def test_lebedov_msgpack_numpy_dialect_from_the_real_package() -> None:
     payload = {"img": ARRAYS["u8_image"], "state": ARRAYS["f8_state"], "s": np.float32(2.0), "t": "txt"}
     raw = msgpack.packb(payload, default=msgpack_numpy.encode)

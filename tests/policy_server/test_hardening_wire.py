@@ -8,6 +8,7 @@ named error (or a clear refusal) and everybody else must keep being served.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import logging
@@ -384,3 +385,105 @@ def test_rate_limited_log_writes_the_summary_line(caplog: pytest.LogCaptureFixtu
     messages = [r.getMessage() for r in caplog.records]
     assert "suppressed 48 similar messages (bad_request) in the last 0.2 s" in messages
     assert messages[-1] == "client 50 sent garbage"
+
+
+# -- the departure's cancel, step by step ------------------------------------------------------------
+# The handler awaits each answer itself and a done-callback on the connection's `closed` future cancels
+# the handler task when the client leaves. These drive `_answer_unless_closed` with `_answer` replaced
+# by a coroutine the test controls (the real core and metrics otherwise), in each order the loop allows.
+def _transport_with_answer(answer: Any) -> Any:
+    from cosmos_robot_server.config import ServerConfig
+    from cosmos_robot_server.core import ServingCore
+    from cosmos_robot_server.websocket_server import WebsocketTransport
+
+    config = ServerConfig(port=0, transports=("ws",))
+    transport = WebsocketTransport(ServingCore(ConstantPolicy(2, 2), config, None), config)
+    transport._answer = answer  # the test's answer instead of decode + policy
+    return transport
+
+
+def _cancelled_count(transport: Any) -> float:
+    return transport.core.metrics.counter_value("cosmos_robot_requests_total", transport="ws", outcome="cancelled")
+
+
+def test_a_departure_mid_answer_returns_none_and_leaves_the_handler_uncancelled() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        closed, release = loop.create_future(), loop.create_future()
+
+        async def answer(message: bytes, client_id: str) -> dict[str, Any]:
+            await release  # the request is queued or running
+            return {"actions": 1}
+
+        transport = _transport_with_answer(answer)
+        loop.call_later(0.01, closed.set_result, None)
+        assert await transport._answer_unless_closed(b"x", "ws-1", closed) is None
+        assert _cancelled_count(transport) == 1
+        assert release.cancelled()  # what the answer awaited was cancelled: the batcher skips it
+        me = asyncio.current_task()
+        assert me is not None and getattr(me, "cancelling", lambda: 0)() == 0
+        await asyncio.sleep(0)  # no cancel pending for the handler's next await
+
+    asyncio.run(main())
+
+
+def test_an_answer_done_in_the_same_tick_as_the_departure_is_returned_and_nothing_leaks() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        closed = loop.create_future()
+
+        async def answer(message: bytes, client_id: str) -> dict[str, Any]:
+            closed.set_result(None)  # the close callback is scheduled while the answer finishes
+            return {"actions": 2}
+
+        transport = _transport_with_answer(answer)
+        assert await transport._answer_unless_closed(b"x", "ws-1", closed) == {"actions": 2}
+        await asyncio.sleep(0.01)  # the late callback runs now and must not cancel the handler
+        assert _cancelled_count(transport) == 0
+
+    asyncio.run(main())
+
+
+def test_a_client_gone_before_its_answer_starts_is_not_answered() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        closed = loop.create_future()
+        closed.set_result(None)
+        calls: list[bytes] = []
+
+        async def answer(message: bytes, client_id: str) -> dict[str, Any]:
+            calls.append(message)
+            return {}
+
+        transport = _transport_with_answer(answer)
+        assert await transport._answer_unless_closed(b"x", "ws-1", closed) is None
+        assert calls == [] and _cancelled_count(transport) == 1
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("client_leaves_too", [False, True])
+def test_a_server_stop_mid_answer_still_cancels_the_handler(client_leaves_too: bool) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        closed, release, entered = loop.create_future(), loop.create_future(), asyncio.Event()
+
+        async def answer(message: bytes, client_id: str) -> dict[str, Any]:
+            entered.set()
+            await release
+            return {}
+
+        transport = _transport_with_answer(answer)
+        handler = loop.create_task(transport._answer_unless_closed(b"x", "ws-1", closed))
+        await entered.wait()
+        if client_leaves_too:  # the departure's callback cancels first, then the stop lands on top
+            closed.set_result(None)
+            await asyncio.sleep(0)
+            assert handler.cancelling() == 1 if hasattr(handler, "cancelling") else True
+        handler.cancel()  # what stop() does to every handler
+        with pytest.raises(asyncio.CancelledError):
+            await handler
+        assert _cancelled_count(transport) == 0  # a stop, not a departure
+        assert release.cancelled()
+
+    asyncio.run(main())

@@ -253,7 +253,7 @@ def _as_text(value: Any, field: str) -> str:
     raise CodecError(f"array field {field!r} must be a string, got {type(value).__name__}")
 
 
-_DTYPES: dict[str | bytes, np.dtype] = {}  # accepted dtype strings, parsed once (bounded: _DTYPE_CACHE_MAX)
+_DTYPES: dict[str | bytes, np.dtype] = {}  # accepted numeric dtype strings, parsed once
 _DTYPE_CACHE_MAX = 64
 
 
@@ -269,8 +269,8 @@ def _parse_dtype(value: Any) -> np.dtype:
     except (TypeError, ValueError, OverflowError, SyntaxError) as exc:
         raise CodecError(f"unknown dtype {text[:40]!r}") from exc
     _check_dtype(dtype, "decode")
-    if len(_DTYPES) < _DTYPE_CACHE_MAX:  # a stranger cycling dtype strings cannot grow it without bound
-        _DTYPES[value] = dtype
+    if dtype.kind in "biuf" and text == dtype.str and len(_DTYPES) < _DTYPE_CACHE_MAX:
+        _DTYPES[value] = dtype  # numeric canonical spellings only (~46 str and bytes): strangers cannot fill it
     return dtype
 
 
@@ -296,7 +296,7 @@ def _array_from_bytes(data: Any, dtype: np.dtype, shape: tuple[int, ...], order:
 
 
 def _decode_openpi(obj: Mapping[Any, Any]) -> np.ndarray:
-    if b"dtype" in obj and b"shape" in obj and b"data" in obj:  # openpi's bytes keys: no str lookups first
+    if len(obj) == 4 and b"dtype" in obj and b"shape" in obj and b"data" in obj:  # openpi's map, bytes keys
         return _array_from_bytes(obj[b"data"], _parse_dtype(obj[b"dtype"]), _parse_shape(obj[b"shape"]))
     dtype = _parse_dtype(_get(obj, "dtype"))
     shape = _parse_shape(_get(obj, "shape"))

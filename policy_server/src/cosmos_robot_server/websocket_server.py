@@ -227,6 +227,8 @@ class WebsocketTransport(Transport):
         ``asyncio.wait`` on both (a tenth of the transport's overhead for one client)."""
         me = asyncio.current_task()
         assert me is not None
+        cancelling = getattr(me, "cancelling", lambda: 0)  # Task.cancelling / uncancel: Python 3.11+
+        base = cancelling()
         state = {"active": True, "by_close": False}
 
         def on_close(_: asyncio.Future[None]) -> None:
@@ -239,13 +241,13 @@ class WebsocketTransport(Transport):
             try:
                 return await self._answer(message, client_id)  # raises the _ClientError, if any
             except asyncio.CancelledError:
-                if not state["by_close"] or getattr(me, "cancelling", lambda: 1)() > 1:  # Task.cancelling: 3.11+
+                if not state["by_close"] or cancelling() > base + 1:
                     raise  # the handler itself is being cancelled (server stop): not the client's departure
-                if hasattr(me, "uncancel"):  # 3.11+: the departure's cancel is handled here, not pending
-                    me.uncancel()
             finally:
                 state["active"] = False
                 closed.remove_done_callback(on_close)
+                if state["by_close"] and cancelling() == base + 1:  # the departure's cancel alone: settled
+                    me.uncancel()  # here, whether it raised or something below us swallowed it
         self.core.metrics.inc("cosmos_robot_requests_total", transport=self.name, outcome="cancelled")
         rlog.info("cancelled", "websocket %s: client left with a request in flight; request cancelled", client_id)
         return None
