@@ -481,6 +481,11 @@ def test_a_server_stop_mid_answer_still_cancels_the_handler(client_leaves_too: b
             await asyncio.sleep(0)
             assert handler.cancelling() == 1 if hasattr(handler, "cancelling") else True
         handler.cancel()  # what stop() does to every handler
+        if client_leaves_too and sys.version_info < (3, 11):
+            # no Task.cancelling before 3.11: the two cancels look like one departure, and the handler
+            # ends all the same (it returns on None)
+            assert await handler is None
+            return
         with pytest.raises(asyncio.CancelledError):
             await handler
         assert _cancelled_count(transport) == 0  # a stop, not a departure
