@@ -79,8 +79,8 @@ def test_string_keyed_openpi_variant_decodes() -> None:
 
 
 def test_an_array_map_with_both_key_kinds_is_read_by_str_keys_as_before() -> None:
-    """openpi's four bytes keys take a fast path; a map that also carries str duplicates does not, so
-    a stranger cannot slip a refused dtype past the check by doubling the keys."""
+    """str keys win over bytes duplicates, so a stranger cannot slip a refused dtype past the check by
+    doubling the keys."""
     ints = np.array([0, 1], dtype="<i4")
     mixed = {b"__ndarray__": True, b"dtype": "<f4", b"shape": [2], b"data": np.zeros(2, "<f4").tobytes()}
     raw = msgpack.packb({"a": {**mixed, "dtype": "<i4", "shape": [2], "data": ints.tobytes()}}, use_bin_type=True)

@@ -479,7 +479,8 @@ def test_a_server_stop_mid_answer_still_cancels_the_handler(client_leaves_too: b
         if client_leaves_too:  # the departure's callback cancels first, then the stop lands on top
             closed.set_result(None)
             await asyncio.sleep(0)
-            assert handler.cancelling() == 1 if hasattr(handler, "cancelling") else True
+            if hasattr(handler, "cancelling"):  # Python 3.11+
+                assert handler.cancelling() == 1
         handler.cancel()  # what stop() does to every handler
         if client_leaves_too and sys.version_info < (3, 11):
             # no Task.cancelling before 3.11: the two cancels look like one departure, and the handler

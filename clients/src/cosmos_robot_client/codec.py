@@ -296,8 +296,6 @@ def _array_from_bytes(data: Any, dtype: np.dtype, shape: tuple[int, ...], order:
 
 
 def _decode_openpi(obj: Mapping[Any, Any]) -> np.ndarray:
-    if len(obj) == 4 and b"dtype" in obj and b"shape" in obj and b"data" in obj:  # openpi's map, bytes keys
-        return _array_from_bytes(obj[b"data"], _parse_dtype(obj[b"dtype"]), _parse_shape(obj[b"shape"]))
     dtype = _parse_dtype(_get(obj, "dtype"))
     shape = _parse_shape(_get(obj, "shape"))
     return _array_from_bytes(_get(obj, "data"), dtype, shape)
@@ -369,8 +367,6 @@ def _decode_modality_config(obj: Mapping[Any, Any], limits: DecodeLimits) -> Any
 
 def _decode_special(obj: dict[Any, Any], limits: DecodeLimits) -> Any:
     """An array / scalar / modality-config map in any dialect becomes its value; other maps stay."""
-    if b"__ndarray__" in obj:  # what openpi's client sends: its one lookup before the dialect scan
-        return _decode_openpi(obj)
     if _has(obj, "__ndarray__"):
         return _decode_openpi(obj)
     if _has(obj, "__npgeneric__"):
